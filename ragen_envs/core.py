@@ -1,0 +1,214 @@
+"""The base class of every ragen environment and the ``info`` contract.
+
+A :class:`BaseTextEnv` is the *unwrapped* environment: one step takes **one** action written as text (``"Up"``,
+``"arm 1"``, ``"search[red shoes]"``) and returns the next state as text. The LLM-facing env that
+``gymnasium.make("ragen/<Name>-v0")`` returns is this env inside :class:`ragen_envs.protocol.TurnProtocol`, which
+parses a model's whole reply (``<think>...</think><answer>a1 || a2</answer>``) into such actions.
+
+Subclasses implement four small hooks (see :class:`BaseTextEnv`), keep their state in plain numpy, and never raise on
+an action string: an unknown action is a no-op step with ``info["action_is_valid"] = False``.
+
+The ``info`` contract
+---------------------
+Every ``reset`` and ``step`` returns an ``info`` dict holding at least :data:`INFO_KEYS`:
+
+=====================  =========================================================================================
+``success``            the episode's task is solved (Sokoban solved, goal reached, right arm, reward 1 on WebShop)
+``format_ok``          the reply had the required format (always ``True`` on the unwrapped env)
+``action_is_valid``    every action of the step/turn was a legal action name of this env
+``action_is_effective`` at least one action changed the state
+``actions``            the parsed actions of the step/turn, canonical names
+``think``              the ``<think>`` text of the turn (``""`` on the unwrapped env)
+``reward_parts``       the reward split by source (``{"env": ..., "format_penalty": ..., ...}``); sums to the reward
+=====================  =========================================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+
+from ragen_envs.spaces import MAX_OBSERVATION_CHARS, UnicodeText
+
+#: Keys every ``info`` dict of every ragen env carries.
+INFO_KEYS: tuple[str, ...] = (
+    "success",
+    "format_ok",
+    "action_is_valid",
+    "action_is_effective",
+    "actions",
+    "think",
+    "reward_parts",
+)
+
+
+def default_info(**overrides: Any) -> dict[str, Any]:
+    """A fresh ``info`` dict with every contract key at its neutral value, then ``overrides`` applied."""
+    info: dict[str, Any] = {
+        "success": False,
+        "format_ok": True,
+        "action_is_valid": True,
+        "action_is_effective": False,
+        "actions": [],
+        "think": "",
+        "reward_parts": {},
+    }
+    info.update(overrides)
+    return info
+
+
+@dataclass
+class StepOutcome:
+    """What one action did, as a subclass's :meth:`BaseTextEnv._apply_action` reports it.
+
+    ``reward`` is the env's own reward for the action; ``reward_parts`` may split it further (they must sum to it, or
+    be empty, in which case the whole reward is reported as ``{"env": reward}``).
+    """
+
+    reward: float = 0.0
+    terminated: bool = False
+    effective: bool = False
+    success: bool = False
+    reward_parts: dict[str, float] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def check_arg(condition: bool, name: str, value: Any, allowed: str) -> None:
+    """Raise a ``ValueError`` naming the argument, its bad value and what is accepted, unless ``condition``."""
+    if not condition:
+        raise ValueError(f"invalid argument {name}={value!r}: expected {allowed}")
+
+
+class BaseTextEnv(gym.Env[str, str]):
+    """Base of every ragen env: one text action per step, a text state per observation.
+
+    Subclasses set the class attributes below and implement:
+
+    * :meth:`_reset_state` -- draw the initial state from ``self.np_random`` (seeded by ``reset(seed=...)``);
+    * :meth:`_apply_action` -- apply one canonical action, return a :class:`StepOutcome`;
+    * :meth:`state_text` -- the state as the model sees it;
+    * :meth:`state_view` -- the state as a structured, JSON-serialisable dict (reasoning-grounding rewards use it).
+
+    and may override :meth:`parse_action` (free-form actions, e.g. Countdown's expression), :meth:`render_rgb`
+    (grid envs) and :meth:`check_reasoning` (claims a ``<think>`` text may make about the state).
+
+    Spaces: ``observation_space`` and ``action_space`` are :class:`~ragen_envs.spaces.UnicodeText`.
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+
+    #: Canonical action names, in the order they are listed to the model. Empty for free-form actions.
+    action_names: ClassVar[tuple[str, ...]] = ()
+    #: Extra spellings (lower-case) mapped to canonical names, e.g. ``{"north": "Up"}``.
+    action_synonyms: ClassVar[dict[str, str]] = {}
+    #: Protocol defaults of this env (the reference code's values); ``gymnasium.make`` kwargs override them.
+    default_actions_per_turn: ClassVar[int] = 5
+    default_max_actions_per_episode: ClassVar[int] = 10
+    default_max_turns: ClassVar[int] = 5
+    #: Longest reply (in chars) the action space samples; replies of any length are still handled.
+    max_action_chars: ClassVar[int] = 4096
+
+    def __init__(self, render_mode: str | None = None) -> None:
+        check_arg(
+            render_mode is None or render_mode in self.metadata["render_modes"],
+            "render_mode",
+            render_mode,
+            f"None or one of {self.metadata['render_modes']}",
+        )
+        self.render_mode = render_mode
+        self.observation_space = UnicodeText(MAX_OBSERVATION_CHARS)
+        self.action_space = UnicodeText(self.max_action_chars)
+        self._lookup = {name.lower(): name for name in self.action_names}
+        self._lookup.update({k.lower(): v for k, v in self.action_synonyms.items()})
+        self.num_env_steps = 0
+
+    # ------------------------------------------------------------------ hooks for subclasses
+    @property
+    def instructions(self) -> str:
+        """The env's part of the system prompt: the task, the symbols, the actions (no reply-format text)."""
+        raise NotImplementedError
+
+    def _reset_state(self, options: dict[str, Any] | None) -> None:
+        raise NotImplementedError
+
+    def _apply_action(self, action: str) -> StepOutcome:
+        raise NotImplementedError
+
+    def state_text(self) -> str:
+        raise NotImplementedError
+
+    def state_view(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def is_success(self) -> bool:
+        """Whether the current state counts as solved; used for the ``success`` key."""
+        return False
+
+    def parse_action(self, text: str) -> str | None:
+        """Map one action as the model wrote it to a canonical action, or ``None`` when it is not one.
+
+        Default: case-insensitive match of a name or synonym, ignoring surrounding whitespace, quotes and brackets.
+        """
+        key = text.strip().strip("\"'`.[](){}*").strip().lower()
+        return self._lookup.get(key)
+
+    def check_reasoning(self, think: str, view_before: dict[str, Any], actions: list[str]) -> dict[str, int]:
+        """Check the claims a ``<think>`` text makes about the state it was written in.
+
+        Returns counts ``{"supported": n, "contradicted": m}`` of factual claims that the env could verify.
+        The default recognises none; envs override it (see :mod:`ragen_envs.grounding`).
+        """
+        return {"supported": 0, "contradicted": 0}
+
+    def render_rgb(self) -> np.ndarray:
+        """An RGB picture of the state (grid envs override this)."""
+        raise NotImplementedError(f"{type(self).__name__} has no rgb_array rendering")
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        super().reset(seed=seed)
+        self.num_env_steps = 0
+        self._reset_state(options)
+        return self.state_text(), default_info(success=self.is_success())
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        canonical = self.parse_action(action) if isinstance(action, str) else None
+        if canonical is None:
+            info = default_info(
+                action_is_valid=False,
+                success=self.is_success(),
+                reward_parts={"env": 0.0},
+                reason=f"unknown action {_preview(action)}; valid actions: {self.describe_actions()}",
+            )
+            return self.state_text(), 0.0, False, False, info
+        self.num_env_steps += 1
+        outcome = self._apply_action(canonical)
+        parts = dict(outcome.reward_parts) or {"env": float(outcome.reward)}
+        info = default_info(
+            success=outcome.success,
+            action_is_effective=outcome.effective,
+            actions=[canonical],
+            reward_parts=parts,
+            **outcome.extra,
+        )
+        return self.state_text(), float(outcome.reward), outcome.terminated, False, info
+
+    def render(self) -> str | np.ndarray | None:
+        if self.render_mode == "ansi":
+            return self.state_text()
+        if self.render_mode == "rgb_array":
+            return self.render_rgb()
+        return None
+
+    # ------------------------------------------------------------------ helpers
+    def describe_actions(self) -> str:
+        """The valid actions as one line for prompts and error reasons."""
+        return ", ".join(self.action_names) if self.action_names else "see the instructions"
+
+
+def _preview(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,74 @@
+"""The data a multi-turn rollout produces and the trainer consumes.
+
+One :class:`Trajectory` is one episode of one model on one env from one initial state (its ``seed``). ``input_ids``
+hold the whole conversation as the model saw it (system prompt, user turns, the model's replies), and ``loss_mask`` is
+1 exactly on the tokens the model generated: environment text is never trained (the paper's loss mask; TRL calls it
+``env_mask``). A :class:`RolloutBatch` holds P initial states x N rollouts each, grouped by ``group_id``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Trajectory:
+    """One multi-turn episode, tokenised."""
+
+    group_id: int
+    """Index of the initial state within the batch; the N rollouts of one initial state share it."""
+    seed: int
+    """The env seed that made the initial state."""
+    env_id: str
+    messages: list[dict[str, str]]
+    """The chat: system, user, assistant, user, assistant, ... (the last user message may be the final observation)."""
+    input_ids: list[int]
+    """The conversation's token ids: prompt tokens from the chat template and the model's sampled tokens, verbatim."""
+    loss_mask: list[int]
+    """1 on the model's own tokens (each reply, including its end-of-turn token), 0 on everything else."""
+    turn_spans: list[tuple[int, int]]
+    """``[start, end)`` of each assistant reply in ``input_ids`` (the positions where ``loss_mask`` is 1)."""
+    turn_rewards: list[float]
+    """The env's reward for each turn (format penalties and shaping included)."""
+    success: bool
+    replies: list[str]
+    infos: list[dict[str, Any]]
+    """The env's ``info`` after each turn (the info contract of ``ragen_envs``)."""
+    old_logprobs: list[float] | None = None
+    """Per-token log-probabilities under the sampling policy, aligned with ``input_ids`` (0.0 where the mask is 0);
+    ``None`` when the engine does not report them (the trainer then recomputes them)."""
+    truncated: bool = False
+    """The episode hit the turn/action/context limit rather than ending by itself."""
+
+    @property
+    def reward(self) -> float:
+        """The trajectory return R(tau): the sum of its turn rewards."""
+        return float(sum(self.turn_rewards))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def num_model_tokens(self) -> int:
+        return int(sum(self.loss_mask))
+
+
+@dataclass
+class RolloutBatch:
+    """All trajectories of one training step, with timing and bookkeeping."""
+
+    trajectories: list[Trajectory]
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds spent, e.g. ``{"generation": ..., "environment": ..., "tokenization": ...}``."""
+
+    def groups(self) -> dict[int, list[Trajectory]]:
+        """Trajectories by ``group_id`` (initial state), in batch order."""
+        out: dict[int, list[Trajectory]] = {}
+        for traj in self.trajectories:
+            out.setdefault(traj.group_id, []).append(traj)
+        return out
+
+    def __len__(self) -> int:
+        return len(self.trajectories)
