@@ -1,0 +1,1 @@
+"""Static files of the shop pages (stylesheet and script); package data, no code."""
