@@ -147,11 +147,21 @@ class BaseTextEnv(gym.Env[str, str]):
         """Whether the current state counts as solved; used for the ``success`` key."""
         return False
 
+    def state_info(self) -> dict[str, Any]:
+        """Extra ``info`` keys that describe the current state (e.g. WebShop's ``available_actions``).
+
+        The turn protocol merges them into every turn's ``info``, whatever the reply was, so an agent always has them.
+        """
+        return {}
+
     def parse_action(self, text: str) -> str | None:
         """Map one action as the model wrote it to a canonical action, or ``None`` when it is not one.
 
         Default: case-insensitive match of a name or synonym, ignoring surrounding whitespace, quotes and brackets.
         """
+        found = self._lookup.get(text.lower())  # fast path: the name as written, any case
+        if found is not None:
+            return found
         key = text.strip().strip("\"'`.[](){}*").strip().lower()
         return self._lookup.get(key)
 
@@ -186,15 +196,20 @@ class BaseTextEnv(gym.Env[str, str]):
             return self.state_text(), 0.0, False, False, info
         self.num_env_steps += 1
         outcome = self._apply_action(canonical)
-        parts = dict(outcome.reward_parts) or {"env": float(outcome.reward)}
-        info = default_info(
-            success=outcome.success,
-            action_is_effective=outcome.effective,
-            actions=[canonical],
-            reward_parts=parts,
-            **outcome.extra,
-        )
-        return self.state_text(), float(outcome.reward), outcome.terminated, False, info
+        reward = float(outcome.reward)
+        # A dict literal rather than default_info(**...): this is the hot path of every env (same keys, same values).
+        info: dict[str, Any] = {
+            "success": outcome.success,
+            "format_ok": True,
+            "action_is_valid": True,
+            "action_is_effective": outcome.effective,
+            "actions": [canonical],
+            "think": "",
+            "reward_parts": dict(outcome.reward_parts) if outcome.reward_parts else {"env": reward},
+        }
+        if outcome.extra:
+            info.update(outcome.extra)
+        return self.state_text(), reward, outcome.terminated, False, info
 
     def render(self) -> str | np.ndarray | None:
         if self.render_mode == "ansi":

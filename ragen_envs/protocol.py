@@ -29,6 +29,10 @@ import gymnasium as gym
 
 from ragen_envs.core import INFO_KEYS, BaseTextEnv, check_arg, default_info
 from ragen_envs.parsing import ParsedReply, parse_reply
+from ragen_envs.spaces import MAX_REPLY_CHARS
+
+#: Keys of an inner step's info that are not the env's extras.
+_NOT_EXTRA = frozenset(INFO_KEYS) | {"reason"}
 
 #: Keyword arguments of ``gymnasium.make`` that configure the protocol rather than the env itself.
 PROTOCOL_KWARGS: tuple[str, ...] = (
@@ -155,6 +159,9 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
             )
             return base.state_text(), 0.0, False, True, info
 
+        too_long = isinstance(action, str) and len(action) > MAX_REPLY_CHARS
+        if too_long:  # cut before parsing so that a runaway reply costs no more than a long one
+            action = action[:MAX_REPLY_CHARS]
         parsed: ParsedReply = parse_reply(action, enable_think=self.enable_think, separator=self.action_sep)
         to_run = parsed.actions[: self.actions_per_turn]
         dropped = parsed.actions[self.actions_per_turn :]
@@ -167,14 +174,12 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
         terminated = False
         success = base.is_success()
         extra: dict[str, Any] = {}
+        inner_step = self.env.step
         for raw in to_run:
-            if self._actions_left <= 0:
+            if terminated or self._actions_left <= 0:
                 dropped.append(raw)
                 continue
-            if terminated:
-                dropped.append(raw)
-                continue
-            _, reward, terminated, _, step_info = self.env.step(raw)
+            _, reward, terminated, _, step_info = inner_step(raw)
             if not step_info["action_is_valid"]:
                 invalid.append(raw)
                 continue
@@ -185,36 +190,41 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
             executed.extend(step_info["actions"])
             effective = effective or step_info["action_is_effective"]
             success = step_info["success"]
-            extra.update({k: v for k, v in step_info.items() if k not in INFO_KEYS and k != "reason"})
+            for key, value in step_info.items():  # the env's extra keys (the last action's values win)
+                if key not in _NOT_EXTRA:
+                    extra[key] = value
 
         reason = parsed.reason
         if reason is None and invalid:
             reason = f"invalid action(s) {invalid[:5]}; valid actions: {base.describe_actions()}"
+        if too_long:
+            cut = f"the reply was cut to its first {MAX_REPLY_CHARS} characters"
+            reason = cut if reason is None else f"{cut}; {reason}"
         penalty = self.format_penalty if reason is not None else 0.0
 
         self._turn += 1
         truncated = not terminated and (self._turn >= self.max_turns or self._actions_left <= 0)
         self._done = terminated or truncated
 
-        reward_parts = dict(env_parts) if env_parts else {"env": 0.0}
+        reward_parts = env_parts if env_parts else {"env": 0.0}
         reward_parts["format_penalty"] = penalty
-        info = default_info(
-            success=bool(success),
-            format_ok=parsed.format_ok,
-            action_is_valid=parsed.format_ok and not invalid,
-            action_is_effective=effective,
-            actions=executed,
-            think=parsed.think,
-            reward_parts=reward_parts,
-        )
-        info.update(extra)
-        info.update(
-            reason=reason,
-            turn=self._turn,
-            actions_left=self._actions_left,
-            invalid_actions=invalid,
-            dropped_actions=dropped,
-        )
+        info: dict[str, Any] = {
+            "success": bool(success),
+            "format_ok": parsed.format_ok,
+            "action_is_valid": parsed.format_ok and not invalid,
+            "action_is_effective": effective,
+            "actions": executed,
+            "think": parsed.think,
+            "reward_parts": reward_parts,
+        }
+        if extra:
+            info.update(extra)
+        info.update(base.state_info())
+        info["reason"] = reason
+        info["turn"] = self._turn
+        info["actions_left"] = self._actions_left
+        info["invalid_actions"] = invalid
+        info["dropped_actions"] = dropped
         total = env_reward + penalty
         if self._done:
             observation = f"Reward:\n{total:g}\nThe episode has ended.\nState:\n{base.state_text()}\n"

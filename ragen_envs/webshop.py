@@ -315,6 +315,9 @@ class WebShopEnv(BaseTextEnv):
             extra=extra,
         )  # fmt: skip
 
+    def state_info(self) -> dict[str, Any]:
+        return self._extra()
+
     def _extra(self) -> dict[str, Any]:
         return {
             "available_actions": self.available_actions(),

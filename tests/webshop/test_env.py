@@ -43,9 +43,12 @@ def test_protocol_defaults_match_the_reference():
         assert (proto.actions_per_turn, proto.max_turns, proto.max_actions_per_episode) == (1, 9, 9)
         prompt, info = env.reset(seed=0)
         assert "search[" in info["system_prompt"] and info["available_actions"] == ["search[<content>]"]
-        for _ in range(9):
-            prompt, reward, terminated, truncated, info = env.step("<think>look</think><answer>click[nothing]</answer>")
+        for turn in range(9):
+            reply = "no tags at all" if turn % 2 else "<think>look</think><answer>click[nothing]</answer>"
+            prompt, reward, terminated, truncated, info = env.step(reply)
             assert reward == pytest.approx(-0.1) and not info["action_is_valid"]
+            # Whatever the reply, the agent is told what it can do next.
+            assert info["available_actions"] == ["search[<content>]"]
         assert truncated and not terminated
     finally:
         env.close()

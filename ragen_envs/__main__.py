@@ -1,0 +1,7 @@
+"""``python -m ragen_envs`` runs the demo (see :mod:`ragen_envs.demo`)."""
+
+import sys
+
+from ragen_envs.demo import main
+
+sys.exit(main())

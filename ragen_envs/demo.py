@@ -1,0 +1,216 @@
+"""``ragen-demo`` (also ``python -m ragen_envs``): play every offline env with a scripted agent and show the episodes.
+
+The agents see only what a model would see plus the env's structured state (``env.unwrapped.state_view()``), and
+reply in the paper's format, with thinking written from that state (so the reasoning-grounding reward can check it):
+
+* Bandit*: pulls the high-risk arm (the one whose expected payout is higher);
+* FrozenLake: the move with the best chance to reach the goal in the moves left (dynamic programming over the
+  slippery dynamics), one move a turn;
+* Countdown: answers with :func:`ragen_envs.countdown.solve_countdown`;
+* anything else (Sokoban, new envs): random valid actions.
+
+WebShop needs a running ``webshop-server`` and is skipped unless ``--webshop`` is given.
+
+    ragen-demo                      # every offline env, 3 episodes each, the first one printed
+    ragen-demo --env FrozenLake --episodes 20 --quiet
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ragen_envs.registration import ENV_IDS
+
+Agent = Callable[[gym.Env, np.random.Generator], str]
+
+
+def bandit_agent(env: gym.Env, rng: np.random.Generator) -> str:
+    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+    high, low = view["high_risk_arm"], view["low_risk_arm"]
+    return (
+        f"<think>{high} is the risky arm and {low} is the safe one. The risky arm has the higher expected payout."
+        f"</think><answer>{high}</answer>"
+    )
+
+
+def frozen_lake_agent(env: gym.Env, rng: np.random.Generator) -> str:
+    from ragen_envs.frozen_lake import best_action
+
+    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+    # One move a turn: the moves left are bounded by the action budget and by the turns left.
+    turns_left = _protocol_attr(env, "max_turns", 5) - _protocol_attr(env, "_turn", 0)
+    steps_left = max(1, min(_protocol_attr(env, "_actions_left", 10), turns_left))
+    move, chance = best_action(view, steps_left)
+    (r, c), (gr, gc) = view["player"], view["goal"]
+    think = (
+        f"I am at ({r}, {c}) and the goal is at ({gr}, {gc}). The ice is slippery, so I plan one move at a time: "
+        f"moving {move.lower()} gives the best chance ({chance:.0%}) to reach the goal in {steps_left} moves."
+    )
+    return f"<think>{think}</think><answer>{move}</answer>"
+
+
+def countdown_agent(env: gym.Env, rng: np.random.Generator) -> str:
+    from ragen_envs.countdown import solve_countdown
+
+    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+    solution = solve_countdown(view["numbers"], view["target"]) or " + ".join(map(str, view["numbers"]))
+    return f"<think>{solution} = {view['target']}</think><answer>{solution}</answer>"
+
+
+def random_agent(env: gym.Env, rng: np.random.Generator) -> str:
+    names = list(env.unwrapped.action_names) or ["noop"]  # type: ignore[attr-defined]
+    k = _protocol_attr(env, "actions_per_turn", 1)
+    moves = [names[int(i)] for i in rng.integers(len(names), size=int(rng.integers(1, k + 1)))]
+    sep = f" {_protocol_attr(env, 'action_sep', '||')} "
+    return f"<think>I will explore with {len(moves)} random moves.</think><answer>{sep.join(moves)}</answer>"
+
+
+def _protocol_attr(env: gym.Env, name: str, default: Any) -> Any:
+    current: Any = env
+    while current is not None:
+        if name in vars(current):
+            return vars(current)[name]
+        current = getattr(current, "env", None)
+    return default
+
+
+def agent_for(env_id: str) -> tuple[str, Agent]:
+    if "Bandit" in env_id:
+        return "high-risk arm", bandit_agent
+    if "FrozenLake" in env_id:
+        return "planner", frozen_lake_agent
+    if "Countdown" in env_id:
+        return "solver", countdown_agent
+    return "random", random_agent
+
+
+def play_episode(env: gym.Env, agent: Agent, seed: int, *, show: bool) -> dict[str, Any]:
+    rng = np.random.default_rng(seed)
+    observation, info = env.reset(seed=seed)
+    if show:
+        print(f"--- system prompt ---\n{info['system_prompt']}\n--- turn 1 prompt ---\n{observation}")
+    total, turns, done = 0.0, 0, False
+    while not done:
+        reply = agent(env, rng)
+        observation, reward, terminated, truncated, info = env.step(reply)
+        total += float(reward)
+        turns += 1
+        done = terminated or truncated
+        if show:
+            print(
+                f"--- reply {turns} ---\n{reply}\n--- env (reward {float(reward):g}, parts {info['reward_parts']}) ---"
+            )
+            print(observation)
+    return {"reward": total, "turns": turns, "success": bool(info["success"])}
+
+
+def offline_ids(include_webshop: bool) -> tuple[list[str], list[tuple[str, str]]]:
+    ids, skipped = [], []
+    for env_id, (cls_path, _) in ENV_IDS.items():
+        module = cls_path.partition(":")[0]
+        if "WebShop" in env_id and not include_webshop:
+            skipped.append((env_id, "needs a running webshop-server; pass --webshop to try it"))
+        elif (
+            importlib.util.find_spec(module.rpartition(".")[0] or module) is None
+            or importlib.util.find_spec(module) is None
+        ):
+            skipped.append((env_id, f"module {module} is not installed"))
+        else:
+            ids.append(env_id)
+    return ids, skipped
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    headers = ["env", "agent", "episodes", "success", "mean reward", "mean turns", "seconds"]
+    cells = [
+        [
+            r["env"],
+            r["agent"],
+            str(r["episodes"]),
+            f"{r['success']:.0%}",
+            f"{r['reward']:.3f}",
+            f"{r['turns']:.1f}",
+            f"{r['seconds']:.2f}",
+        ]
+        for r in rows
+    ]
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(headers)]
+        print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+        print("  ".join("-" * w for w in widths))
+        for c in cells:
+            print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)))
+        return
+    table = Table(title="ragen-demo summary")
+    for h in headers:
+        table.add_column(h, justify="left" if h in ("env", "agent") else "right", no_wrap=True)
+    for c in cells:
+        table.add_row(*c)
+    Console(width=max(120, Console().width)).print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="ragen-demo", description="Play every offline ragen env with a scripted agent."
+    )
+    parser.add_argument("--env", default="", help="only ids containing this text (case-insensitive)")
+    parser.add_argument("--episodes", type=int, default=3, help="episodes per env (default 3)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first episode; episode k uses seed + k")
+    parser.add_argument("--quiet", action="store_true", help="do not print the first episode of each env")
+    parser.add_argument("--webshop", action="store_true", help="also try WebShop (needs a running webshop-server)")
+    args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"invalid argument --episodes={args.episodes}: expected an int >= 1")
+
+    ids, skipped = offline_ids(args.webshop)
+    ids = [i for i in ids if args.env.lower() in i.lower()]
+    skipped = [(i, why) for i, why in skipped if args.env.lower() in i.lower()]
+    if not ids:
+        print(f"no env matches --env {args.env!r}; ids: {', '.join(ENV_IDS)}", file=sys.stderr)
+        return 2
+    rows = []
+    for n, env_id in enumerate(ids, 1):
+        label, agent = agent_for(env_id)
+        print(f"[{n}/{len(ids)}] {env_id}: {args.episodes} episode(s), {label} agent", flush=True)
+        start = time.perf_counter()
+        try:
+            env = gym.make(env_id)
+            results = [
+                play_episode(env, agent, args.seed + k, show=(k == 0 and not args.quiet)) for k in range(args.episodes)
+            ]
+            env.close()
+        except Exception as exc:  # one broken env (e.g. a server not running) must not stop the demo
+            skipped.append((env_id, f"failed: {type(exc).__name__}: {exc}"))
+            print(f"    skipped: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        rows.append(
+            {
+                "env": env_id,
+                "agent": label,
+                "episodes": len(results),
+                "success": float(np.mean([r["success"] for r in results])),
+                "reward": float(np.mean([r["reward"] for r in results])),
+                "turns": float(np.mean([r["turns"] for r in results])),
+                "seconds": time.perf_counter() - start,
+            }
+        )
+    print()
+    print_table(rows)
+    for env_id, why in skipped:
+        print(f"skipped {env_id}: {why}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""ragen-demo / python -m ragen_envs: plays every offline env and prints a summary."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from ragen_envs import demo
+
+
+def test_demo_plays_every_offline_env(capsys):
+    assert demo.main(["--quiet", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    for env_id in (
+        "ragen/Bandit-v0",
+        "ragen/BanditTest-v0",
+        "ragen/BanditRev-v0",
+        "ragen/FrozenLake-v0",
+        "ragen/Countdown-v0",
+    ):
+        assert env_id in out
+    assert "summary" in out and "skipped ragen/WebShop-v0" in out
+
+
+def test_demo_shows_an_episode_and_the_scripted_agents_succeed(capsys):
+    assert demo.main(["--env", "countdown", "--episodes", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "--- system prompt ---" in out and "Countdown puzzle" in out and "--- reply 1 ---" in out
+    assert "100%" in out  # the solver agent solves every puzzle
+    assert demo.main(["--env", "Bandit-v0", "--episodes", "5", "--quiet"]) == 0
+    assert "100%" in capsys.readouterr().out  # always pulls the high-risk arm
+
+
+def test_demo_agents_follow_the_protocol():
+    import gymnasium as gym
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    env = gym.make("ragen/FrozenLake-v0")
+    env.reset(seed=3)
+    info = env.step(demo.frozen_lake_agent(env, rng))[4]
+    assert info["format_ok"] and info["action_is_valid"] and info["reason"] is None
+    env = gym.make("ragen/FrozenLake-v0", reward_wrappers=["grounding"])
+    env.reset(seed=3)
+    info = env.step(demo.frozen_lake_agent(env, rng))[4]
+    assert (
+        info["reward_details"]["grounding"]["supported"] >= 2
+        and info["reward_details"]["grounding"]["contradicted"] == 0
+    )
+    env = gym.make("ragen/FrozenLake-v0", actions_per_turn=3)
+    env.reset(seed=3)
+    info = env.step(demo.random_agent(env, rng))[4]
+    assert info["format_ok"] and 1 <= len(info["actions"]) <= 3
+
+
+def test_demo_rejects_unknown_env(capsys):
+    assert demo.main(["--env", "NoSuchEnv"]) == 2
+    assert "no env matches" in capsys.readouterr().err
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run(
+        [sys.executable, "-m", "ragen_envs", "--quiet", "--episodes", "1", "--env", "FrozenLake"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ragen/FrozenLake-v0" in result.stdout
