@@ -7,9 +7,12 @@ reply in the paper's format, with thinking written from that state (so the reaso
 * FrozenLake: the move with the best chance to reach the goal in the moves left (dynamic programming over the
   slippery dynamics), one move a turn;
 * Countdown: answers with :func:`ragen_envs.countdown.solve_countdown`;
+* WebShop: searches for the instruction, opens the first result within budget, picks the options the instruction
+  names when they are offered, and buys (a rule agent, like the original paper's rule baseline);
 * anything else (Sokoban, new envs): random valid actions.
 
-WebShop needs a running ``webshop-server`` and is skipped unless ``--webshop`` is given.
+WebShop starts an embedded server (1,000 generated products) when its extra (``pip install ragen[webshop]``) is
+installed, and is skipped otherwise or with ``--no-webshop``.
 
     ragen-demo                      # every offline env, 3 episodes each, the first one printed
     ragen-demo --env FrozenLake --episodes 20 --quiet
@@ -65,6 +68,33 @@ def countdown_agent(env: gym.Env, rng: np.random.Generator) -> str:
     return f"<think>{solution} = {view['target']}</think><answer>{solution}</answer>"
 
 
+def webshop_agent(env: gym.Env, rng: np.random.Generator) -> str:
+    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+    instruction = view.get("instruction", "")
+    clickables = view.get("clickables", [])
+    if view.get("page") == "search":
+        query = instruction.split(", and price")[0].removeprefix("i need a ").removeprefix("i want a ")
+        return f"<think>Search for what the instruction asks.</think><answer>search[{query}]</answer>"
+    if view.get("page") == "results":
+        budget = view.get("budget") or float("inf")
+        for product in view.get("products", []):
+            price = product.get("price", "")
+            first = price.replace("$", "").split(" to ")[0].split("-")[0].strip()
+            within = not first.replace(".", "", 1).isdigit() or float(first) <= budget
+            if within and product["asin"].lower() in clickables:
+                return f"<think>{product['title'][:60]} is within budget.</think><answer>click[{product['asin'].lower()}]</answer>"
+        return "<think>Nothing fits; take the first result.</think><answer>click[" + (
+            [c for c in clickables if c not in ("back to search", "next >", "< prev")] or ["back to search"]
+        )[0] + "]</answer>"
+    wanted = [c for c in clickables if c not in ("buy now", "back to search", "< prev", "next >") and c in instruction]
+    chosen = set(view.get("selected_options", {}).values()) if isinstance(view.get("selected_options"), dict) else set()
+    for option in wanted:
+        if option not in chosen and option not in ("description", "features", "reviews", "attributes"):
+            return f"<think>The instruction asks for {option}.</think><answer>click[{option}]</answer>"
+    target = "buy now" if "buy now" in clickables else (clickables or ["back to search"])[0]
+    return f"<think>This matches; buy it.</think><answer>click[{target}]</answer>"
+
+
 def random_agent(env: gym.Env, rng: np.random.Generator) -> str:
     names = list(env.unwrapped.action_names) or ["noop"]  # type: ignore[attr-defined]
     k = _protocol_attr(env, "actions_per_turn", 1)
@@ -89,6 +119,8 @@ def agent_for(env_id: str) -> tuple[str, Agent]:
         return "planner", frozen_lake_agent
     if "Countdown" in env_id:
         return "solver", countdown_agent
+    if "WebShop" in env_id:
+        return "rule", webshop_agent
     return "random", random_agent
 
 
@@ -117,7 +149,9 @@ def offline_ids(include_webshop: bool) -> tuple[list[str], list[tuple[str, str]]
     for env_id, (cls_path, _) in ENV_IDS.items():
         module = cls_path.partition(":")[0]
         if "WebShop" in env_id and not include_webshop:
-            skipped.append((env_id, "needs a running webshop-server; pass --webshop to try it"))
+            skipped.append((env_id, "--no-webshop given"))
+        elif "WebShop" in env_id and importlib.util.find_spec("bm25s") is None:
+            skipped.append((env_id, "the webshop extra is not installed: pip install 'ragen[webshop]'"))
         elif (
             importlib.util.find_spec(module.rpartition(".")[0] or module) is None
             or importlib.util.find_spec(module) is None
@@ -168,12 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--episodes", type=int, default=3, help="episodes per env (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first episode; episode k uses seed + k")
     parser.add_argument("--quiet", action="store_true", help="do not print the first episode of each env")
-    parser.add_argument("--webshop", action="store_true", help="also try WebShop (needs a running webshop-server)")
+    parser.add_argument("--no-webshop", action="store_true", help="skip WebShop (it starts an embedded server)")
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"invalid argument --episodes={args.episodes}: expected an int >= 1")
 
-    ids, skipped = offline_ids(args.webshop)
+    ids, skipped = offline_ids(not args.no_webshop)
     ids = [i for i in ids if args.env.lower() in i.lower()]
     skipped = [(i, why) for i, why in skipped if args.env.lower() in i.lower()]
     if not ids:

@@ -9,7 +9,7 @@ from ragen_envs import demo
 
 
 def test_demo_plays_every_offline_env(capsys):
-    assert demo.main(["--quiet", "--episodes", "2"]) == 0
+    assert demo.main(["--quiet", "--episodes", "2", "--no-webshop"]) == 0
     out = capsys.readouterr().out
     for env_id in (
         "ragen/Bandit-v0",
@@ -19,7 +19,14 @@ def test_demo_plays_every_offline_env(capsys):
         "ragen/Countdown-v0",
     ):
         assert env_id in out
-    assert "summary" in out and "skipped ragen/WebShop-v0" in out
+    assert "summary" in out and "skipped ragen/WebShop-v0: --no-webshop given" in out
+
+
+def test_demo_plays_webshop_on_an_embedded_server_or_skips_it(capsys):
+    assert demo.main(["--env", "webshop", "--episodes", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "ragen/WebShop-v0" in out and "rule" in out and "failed" not in out
+    assert demo.main(["--env", "webshop", "--no-webshop"]) == 2  # nothing left to play
 
 
 def test_demo_shows_an_episode_and_the_scripted_agents_succeed(capsys):
