@@ -9,7 +9,9 @@ reply in the paper's format, with thinking written from that state (so the reaso
 * Countdown: answers with :func:`ragen_envs.countdown.solve_countdown`;
 * WebShop: searches for the instruction, opens the first result within budget, picks the options the instruction
   names when they are offered, and buys (a rule agent, like the original paper's rule baseline);
-* anything else (Sokoban, new envs): random valid actions.
+* Sokoban*: plays the solver's optimal plan (:func:`ragen_envs.sokoban.solver.solve_env`), as many moves a turn as
+  the protocol allows;
+* anything else (new envs): random valid actions.
 
 WebShop starts an embedded server (1,000 generated products) when its extra (``pip install ragen[webshop]``) is
 installed, and is skipped otherwise or with ``--no-webshop``.
@@ -95,6 +97,21 @@ def webshop_agent(env: gym.Env, rng: np.random.Generator) -> str:
     return f"<think>This matches; buy it.</think><answer>click[{target}]</answer>"
 
 
+def sokoban_agent(env: gym.Env, rng: np.random.Generator) -> str:
+    from ragen_envs.sokoban.solver import solve_env
+
+    plan = solve_env(env)
+    if plan is None or not plan.actions:  # deadlocked or already solved: nothing useful to do
+        return random_agent(env, rng)
+    k = _protocol_attr(env, "actions_per_turn", 1)
+    moves = plan.actions[:k]
+    sep = f" {_protocol_attr(env, 'action_sep', '||')} "
+    return (
+        f"<think>The solver's plan needs {plan.moves} more moves ({plan.pushes} pushes).</think>"
+        f"<answer>{sep.join(moves)}</answer>"
+    )
+
+
 def random_agent(env: gym.Env, rng: np.random.Generator) -> str:
     names = list(env.unwrapped.action_names) or ["noop"]  # type: ignore[attr-defined]
     k = _protocol_attr(env, "actions_per_turn", 1)
@@ -121,6 +138,8 @@ def agent_for(env_id: str) -> tuple[str, Agent]:
         return "solver", countdown_agent
     if "WebShop" in env_id:
         return "rule", webshop_agent
+    if "Sokoban" in env_id:
+        return "solver", sokoban_agent
     return "random", random_agent
 
 
