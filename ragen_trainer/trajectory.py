@@ -40,6 +40,11 @@ class Trajectory:
     ``None`` when the engine does not report them (the trainer then recomputes them)."""
     truncated: bool = False
     """The episode hit the turn/action/context limit rather than ending by itself."""
+    finish_reasons: list[str] = field(default_factory=list)
+    """Per turn, why the reply ended: ``"stop"`` (end-of-turn token) or ``"length"`` (token limit or context)."""
+    eval_only: bool = False
+    """``True`` when the replies came from a chat engine (an HTTP API): ``input_ids`` then come from re-tokenising
+    the reply text, not from the sampler, so the trajectory is for evaluation, never for training."""
 
     @property
     def reward(self) -> float:
