@@ -22,6 +22,7 @@ Arguments:
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -58,10 +59,27 @@ class BanditEnv(BaseTextEnv):
                 value,
                 "a non-empty arm name other than '1' or '2'",
             )
-        check_arg(low_risk_name.lower() != high_risk_name.lower(), "high_risk_name", high_risk_name, "a name != low_risk_name")
-        check_arg(0.0 <= high_risk_prob <= 1.0, "high_risk_prob", high_risk_prob, "a probability in [0, 1]")
+        check_arg(
+            low_risk_name.strip().lower() != high_risk_name.strip().lower(),
+            "high_risk_name",
+            high_risk_name,
+            "a name != low_risk_name (ignoring case and surrounding spaces)",
+        )
+        check_arg(
+            isinstance(high_risk_prob, (int, float))
+            and not isinstance(high_risk_prob, bool)
+            and 0.0 <= high_risk_prob <= 1.0,
+            "high_risk_prob",
+            high_risk_prob,
+            "a probability in [0, 1]",
+        )
         for name, value in (("low_risk_payout", low_risk_payout), ("high_risk_payout", high_risk_payout)):
-            check_arg(isinstance(value, (int, float)) and not isinstance(value, bool), name, value, "a number")
+            check_arg(
+                isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                name,
+                value,
+                "a finite number",
+            )
         if reverse:  # BanditRev: the safe-sounding name now carries the risk.
             low_risk_name, high_risk_name = high_risk_name, low_risk_name
         self.low_risk_name = low_risk_name.strip()

@@ -34,6 +34,7 @@ Arguments:
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from collections import Counter
@@ -298,10 +299,12 @@ class CountdownEnv(BaseTextEnv):
         check_arg(is_int(max_target) and 2 <= max_target <= 1_000_000, "max_target", max_target, "an int in 2..1000000")
         check_arg(isinstance(use_all_numbers, bool), "use_all_numbers", use_all_numbers, "True or False")
         check_arg(
-            isinstance(format_score, (int, float)) and not isinstance(format_score, bool),
+            isinstance(format_score, (int, float))
+            and not isinstance(format_score, bool)
+            and math.isfinite(format_score),
             "format_score",
             format_score,
-            "a number (the reference uses 0.1)",
+            "a finite number (the reference uses 0.1)",
         )
         super().__init__(render_mode=render_mode)
         self.min_numbers, self.max_numbers = min_numbers, max_numbers
@@ -417,8 +420,11 @@ class CountdownEnv(BaseTextEnv):
                 value = _Parser(lhs).parse()
             except ExpressionError:
                 continue
-            claimed = Fraction(m.group(2))
-            if value is not None and value == claimed:
+            try:
+                claimed: Fraction | None = Fraction(m.group(2))
+            except ZeroDivisionError:  # "= 3/0" claims an undefined value: never true
+                claimed = None
+            if value is not None and claimed is not None and value == claimed:
                 supported += 1
             else:
                 contradicted += 1

@@ -203,7 +203,11 @@ def generate_random_map(
 
 def parse_desc(desc: Sequence[str]) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
     """``(grid, start, goal)`` of a gymnasium-style map (rows of ``S``, ``F``, ``H``, ``G``); ``ValueError`` if bad."""
-    rows = [row.decode() if isinstance(row, bytes) else row for row in desc] if not isinstance(desc, str) else None
+    rows = (
+        [row.decode() if isinstance(row, bytes) else row for row in desc]
+        if isinstance(desc, Sequence) and not isinstance(desc, (str, bytes))
+        else None
+    )
     check_arg(
         rows is not None and len(rows) >= 1 and all(isinstance(r, str) for r in rows),
         "desc",
@@ -268,7 +272,12 @@ class FrozenLakeEnv(BaseTextEnv):
             success_rate,
             "a probability in [0, 1]",
         )
-        check_arg(map_name is None or map_name in MAPS, "map_name", map_name, f"None or one of {sorted(MAPS)}")
+        check_arg(
+            map_name is None or (isinstance(map_name, str) and map_name in MAPS),
+            "map_name",
+            map_name,
+            f"None or one of {sorted(MAPS)}",
+        )
         check_arg(desc is None or map_name is None, "desc", desc, "None when map_name is given (use one of the two)")
         super().__init__(render_mode=render_mode)
         self.size = size

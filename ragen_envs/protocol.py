@@ -13,7 +13,8 @@ their rewards, and adds ``format_penalty`` when the reply was malformed or named
 Spaces: ``UnicodeText`` for both; the action is the reply text (any length is accepted).
 
 Episode end: ``terminated`` when the inner env terminates (solved, fell in a hole, bought an item, bandit pulled);
-``truncated`` after ``max_turns`` turns or once ``max_actions_per_episode`` actions have been executed.
+``truncated`` after ``max_turns`` turns, once ``max_actions_per_episode`` actions have been executed, or when the inner
+env truncates (e.g. Sokoban's ``max_steps``; the turn's remaining actions are then dropped).
 
 Info: the :data:`~ragen_envs.core.INFO_KEYS` contract plus ``reason`` (``None`` or why the penalty applied),
 ``turn``, ``actions_left``, ``invalid_actions``, ``dropped_actions`` (beyond ``actions_per_turn``), the env's extra
@@ -23,6 +24,7 @@ keys from its last executed step, and on ``reset`` the ``system_prompt`` to give
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
@@ -83,10 +85,12 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
         check_arg(isinstance(action_sep, str) and action_sep.strip() != "", "action_sep", action_sep, "a non-blank str")
         check_arg(isinstance(enable_think, bool), "enable_think", enable_think, "True or False")
         check_arg(
-            isinstance(format_penalty, (int, float)) and not isinstance(format_penalty, bool),
+            isinstance(format_penalty, (int, float))
+            and not isinstance(format_penalty, bool)
+            and math.isfinite(format_penalty),
             "format_penalty",
             format_penalty,
-            "a number (the reference uses -0.1)",
+            "a finite number (the reference uses -0.1)",
         )
         self.max_response_tokens = _positive_int("max_response_tokens", max_response_tokens, 400)
         self.action_sep = action_sep
@@ -151,6 +155,9 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
                 format_ok=False,
                 action_is_valid=False,
                 reward_parts={"env": 0.0},
+            )
+            info.update(base.state_info())  # the env's state keys are on every turn's info, this one too
+            info.update(
                 reason="the episode has ended; call reset()",
                 turn=self._turn,
                 actions_left=self._actions_left,
@@ -172,14 +179,15 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
         invalid: list[str] = []
         effective = False
         terminated = False
+        inner_truncated = False  # the inner env's own limit (e.g. Sokoban's max_steps) ends the episode too
         success = base.is_success()
         extra: dict[str, Any] = {}
         inner_step = self.env.step
         for raw in to_run:
-            if terminated or self._actions_left <= 0:
+            if terminated or inner_truncated or self._actions_left <= 0:
                 dropped.append(raw)
                 continue
-            _, reward, terminated, _, step_info = inner_step(raw)
+            _, reward, terminated, inner_truncated, step_info = inner_step(raw)
             if not step_info["action_is_valid"]:
                 invalid.append(raw)
                 continue
@@ -203,7 +211,7 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
         penalty = self.format_penalty if reason is not None else 0.0
 
         self._turn += 1
-        truncated = not terminated and (self._turn >= self.max_turns or self._actions_left <= 0)
+        truncated = not terminated and (inner_truncated or self._turn >= self.max_turns or self._actions_left <= 0)
         self._done = terminated or truncated
 
         reward_parts = env_parts if env_parts else {"env": 0.0}

@@ -42,6 +42,8 @@ import threading
 from typing import Any, SupportsFloat
 from urllib.parse import urlsplit
 
+import numpy as np
+
 from ragen_envs.core import BaseTextEnv, StepOutcome, check_arg, default_info
 
 _ACTION_RE = re.compile(r"^(search|click)\s*\[(.*)\]$", re.IGNORECASE | re.DOTALL)
@@ -68,7 +70,8 @@ INSTRUCTIONS = (
 class _Embedded:
     """One in-process server per catalog configuration, shared by every env that asks for it (ref-counted)."""
 
-    _lock = threading.Lock()
+    # Re-entrant: WebShopEnv.__del__ releases, and a garbage collection may run it in a thread that holds the lock.
+    _lock = threading.RLock()
     _servers: dict[tuple, list[Any]] = {}  # key -> [server, thread, refcount]
 
     @classmethod
@@ -169,7 +172,10 @@ class WebShopEnv(BaseTextEnv):
             "num_products", num_products, "an int >= 1",
         )  # fmt: skip
         check_arg(isinstance(catalog_seed, int) and catalog_seed >= 0, "catalog_seed", catalog_seed, "an int >= 0")
-        check_arg(isinstance(timeout, (int, float)) and timeout > 0, "timeout", timeout, "a number > 0")
+        check_arg(
+            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < 1e9,
+            "timeout", timeout, "a finite number of seconds > 0",
+        )  # fmt: skip
         if server_url is not None:
             parts = urlsplit(server_url) if isinstance(server_url, str) else None
             check_arg(
@@ -272,13 +278,13 @@ class WebShopEnv(BaseTextEnv):
         if index is None:
             index = int(self.np_random.integers(self.n_goals))
         check_arg(
-            isinstance(index, int) and 0 <= index < self.n_goals,
+            isinstance(index, (int, np.integer)) and not isinstance(index, bool) and 0 <= index < self.n_goals,
             "goal_index",
             index,
             f"an int in 0..{self.n_goals - 1}",
         )
         # A deterministic session id: the server is stateless, so envs sharing a goal cannot interfere.
-        self._page = self._call("/api/page", {"url": f"/{self.split}_{index}", "mode": self.observation_mode})
+        self._page = self._call("/api/page", {"url": f"/{self.split}_{int(index)}", "mode": self.observation_mode})
         self._reward = 0.0
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
@@ -288,7 +294,13 @@ class WebShopEnv(BaseTextEnv):
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         if isinstance(action, str) and self.parse_action(action) is not None:
-            return super().step(action)
+            observation, reward, terminated, truncated, info = super().step(action)
+            if "server_reason" in info:  # the server refused it (e.g. a query with nothing printable): a no-op
+                self.num_env_steps -= 1
+                info["action_is_valid"] = False
+                info["actions"] = []
+                info["reason"] = info["server_reason"]
+            return observation, reward, terminated, truncated, info
         info = default_info(
             action_is_valid=False,
             success=self.is_success(),

@@ -42,6 +42,7 @@ import time
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import parse_qsl, quote
 
@@ -60,6 +61,11 @@ _STATIC = {"style.css": "text/css; charset=utf-8", "webshop.js": "text/javascrip
 
 
 def _static_bytes() -> dict[str, bytes]:
+    # Next to this module first: importlib.resources.files() raises NotADirectoryError when the package is imported
+    # as a namespace package (an editable install made before the package had its __init__.py).
+    here = Path(__file__).resolve().parent / "static"
+    if all((here / name).is_file() for name in _STATIC):
+        return {name: (here / name).read_bytes() for name in _STATIC}
     root = resources.files("webshop_server") / "static"
     return {name: (root / name).read_bytes() for name in _STATIC}
 
@@ -169,7 +175,10 @@ class WebShopHandler(BaseHTTPRequestHandler):
         self.flush_headers()
 
     def _json(self, status: int, payload: Any) -> None:
-        body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        try:
+            body = json.dumps(payload, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate echoed from a JSON body: send it \u-escaped (still valid JSON)
+            body = json.dumps(payload).encode("ascii")
         self._send(status, "application/json; charset=utf-8", body)
 
     def _html(self, status: int, text: str) -> None:

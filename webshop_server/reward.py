@@ -4,10 +4,9 @@
 
 * attributes: a goal attribute matches when thefuzz's ``token_set_ratio`` against one of the product's attributes is
   > 85, else when it is a substring of the title, the bullet points or the description (lower-cased);
-* options: every *purchased* option value (colour-normalised) matches when it equals a goal option (for ``size``) or
-  has ``token_set_ratio`` > 85 with one (other options), else when it is a substring of title / bullets /
-  description -- exactly as the original counts them (it iterates the purchased options, so buying extra matching
-  options can count more than once; kept for fidelity);
+* options: a goal option (colour-normalised) matches when a purchased ``size`` equals it or another purchased option
+  has ``token_set_ratio`` > 85 with it, else when it is a substring of title / bullets / description; each goal
+  option counts once, so the option count never exceeds the goal's options and R stays in [0, 1];
 * price: ``price <= price_upper``;
 * type: ``r_type`` = 1, 0.5 when neither the query, nor >= 2 category levels, nor title-noun overlap > 0.2 match,
   0.1 when the overlap < 0.1, 0 when it is 0.
@@ -40,7 +39,6 @@ COLOR_SET: tuple[str, ...] = (
     "wine", "yellow",
 )  # fmt: skip
 
-EXACT_MATCH_OPTS = ("size",)
 _ASCII_ONLY = {i: None for i in range(128, 256)}
 
 
@@ -103,23 +101,18 @@ def get_attribute_reward(product: Mapping[str, Any], goal: Mapping[str, Any]) ->
 def get_option_reward(
     product: Mapping[str, Any], goal_options: Sequence[str], purchased_options: Mapping[str, str]
 ) -> tuple[float | None, int]:
-    """Share and count of option matches, iterating the purchased options as the original does."""
-    purchased = {k: normalize_color(v) for k, v in purchased_options.items()}
+    """Share and count of the goal's options that the purchase matches, exactly as the original computes it.
+
+    Colours are normalised first; a goal option is matched when any purchased option value has
+    ``token_set_ratio`` > 85 with it. Each goal option counts at most once, so the count never exceeds the number of
+    goal options and R stays in [0, 1]. ``product`` is unused (kept so every part has the same signature); the
+    original does not look for options in the product's text.
+    """
+    purchased = [normalize_color(v) for v in purchased_options.values()]
     goals = [normalize_color(o) for o in goal_options]
     matches = 0
-    for key, value in purchased.items():
-        matched = False
-        if key.lower() in EXACT_MATCH_OPTS:
-            if value in goals:
-                matches += 1
-                matched = True
-        else:
-            for g_option in goals:
-                if token_set_ratio(g_option, value) > 85:
-                    matches += 1
-                    matched = True
-                    break
-        if not matched and _in_text(value, product):
+    for g_option in goals:
+        if any(token_set_ratio(p_option, g_option) > 85 for p_option in purchased):
             matches += 1
     return (matches / len(goals) if goals else None), matches
 

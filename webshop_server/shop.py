@@ -34,7 +34,8 @@ MAX_QUERY_CHARS = 500
 MAX_PAGE = SEARCH_RETURN_N // PRODUCT_WINDOW
 SEARCH_CACHE_SIZE = 4096
 
-_SESSION_RE = re.compile(r"^(fixed|test|eval|train)_([0-9]{1,9})(?:-([A-Za-z0-9]{1,32}))?$")
+# \Z, not $: "$" also matches before a final newline, which would accept "train_0\n" as a session id
+_SESSION_RE = re.compile(r"^(fixed|test|eval|train)_([0-9]{1,9})(?:-([A-Za-z0-9]{1,32}))?\Z")
 _ACTION_RE = re.compile(r"^\s*(search|click)\s*\[(.*)\]\s*$", re.IGNORECASE | re.DOTALL)
 OPTION_PREFIX = "o."
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium as gym
@@ -43,7 +44,12 @@ class RewardShaping(gym.Wrapper[str, str, str, str]):
 
     def __init__(self, env: gym.Env, *, weight: float = 1.0, name: str | None = None) -> None:
         super().__init__(env)
-        check_arg(isinstance(weight, (int, float)) and not isinstance(weight, bool), "weight", weight, "a number")
+        check_arg(
+            isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight),
+            "weight",
+            weight,
+            "a finite number",
+        )
         check_arg(
             name is None or (isinstance(name, str) and name.strip() != ""), "name", name, "None or a non-empty str"
         )

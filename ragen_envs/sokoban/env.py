@@ -191,6 +191,7 @@ class SokobanEnv(BaseTextEnv):
         self._board = None  # SokobanBoard of the level, built on the first push (dead squares)
         self._pushes: int | None = None
         self._moves: int | None = None
+        self._pool_current: int | None = None  # index of the pooled level being played
         self._static_valid = False  # _static_cache matches the current level
         self._static_cache: list[list[str]] = []
 
@@ -329,6 +330,7 @@ class SokobanEnv(BaseTextEnv):
 
     def _set_level(self, level: Level) -> None:
         self.level = level
+        self._pool_current = None
         self._fixed = level.fixed.tolist()
         self._boxes = set(level.boxes)
         self._player = tuple(level.player)  # type: ignore[assignment]
@@ -347,7 +349,9 @@ class SokobanEnv(BaseTextEnv):
         """The level being played, as it was at reset (for the solver / oracle agent: use :meth:`snapshot`)."""
         if self.level is None:
             i = self._pool_current  # a pooled level is materialised only when asked for
-            self.level = self._pool.level(i)  # type: ignore[union-attr]
+            if i is None or self._pool is None:
+                raise RuntimeError("SokobanEnv.current_level() before reset(): there is no level yet")
+            self.level = self._pool.level(i)
         return self.level
 
     def snapshot(self) -> Level:
