@@ -1,0 +1,44 @@
+"""Generation engines: Hugging Face ``generate`` (default), vLLM (optional extra), OpenAI-compatible HTTP (eval only).
+
+Heavy backends are imported only when their engine is used: ``from ragen_trainer.engines import HFEngine`` does not
+import vLLM.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ragen_trainer.engines.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationEngine,
+    GenerationResult,
+    SamplingParams,
+)
+
+__all__ = [
+    "FINISH_LENGTH",
+    "FINISH_STOP",
+    "GenerationEngine",
+    "GenerationResult",
+    "HFEngine",
+    "OpenAIEngine",
+    "SamplingParams",
+    "VLLMEngine",
+]
+
+
+def __getattr__(name: str) -> Any:  # lazy: torch / vllm / http only when asked for
+    if name == "HFEngine":
+        from ragen_trainer.engines.hf import HFEngine
+
+        return HFEngine
+    if name == "VLLMEngine":
+        from ragen_trainer.engines.vllm import VLLMEngine
+
+        return VLLMEngine
+    if name == "OpenAIEngine":
+        from ragen_trainer.engines.openai import OpenAIEngine
+
+        return OpenAIEngine
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

