@@ -1,0 +1,531 @@
+"""Agents the leaderboard evaluates: a model, and reference agents that bound every score from below and above.
+
+Every agent plays through the *same* LLM-facing env (``gymnasium.make("ragen/...")``, i.e. the turn protocol) as a
+model does, and writes its replies in the protocol's format ``<think>...</think><answer>a1 || a2</answer>``; so a
+reference score is measured exactly like a model's, format penalties and action budgets included.
+
+* :class:`RandomAgent` -- the floor: uniformly random valid actions (as many per turn as the protocol allows).
+* :class:`OracleAgent` -- the ceiling: reads the true state (``env.unwrapped.state_view()``) and acts with the env's own
+  solver: the Bandit's high-risk arm, value iteration for FrozenLake on the known map, the Sokoban solver's plan, the
+  Countdown solver, and for WebShop a search for the goal product followed by buying it with the goal's options.
+* :class:`ModelAgent` -- a causal LM (Hugging Face id, local path, or a ``ragen-trainer train`` checkpoint folder)
+  generating with one of the trainer's engines (HF, vLLM, an OpenAI-compatible endpoint), a batch of episodes at once.
+
+Interface: an agent gets one :class:`TurnContext` per live episode and returns one :class:`AgentReply` each from
+:meth:`Agent.reply_batch` (default: :meth:`Agent.reply` per context). ``identity()`` is written into the result file.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from ragen_envs.protocol import TurnProtocol
+from ragen_trainer.evaluation.metrics import env_family
+
+
+@dataclass
+class TurnContext:
+    """What an agent sees at one turn of one episode."""
+
+    env_name: str
+    """The suite's name for the env (``"SokobanLarge"``)."""
+    env_id: str
+    seed: int
+    rollout: int
+    messages: list[dict[str, str]]
+    """The chat so far: system, user, assistant, ..., user (the current prompt)."""
+    info: dict[str, Any]
+    """The env's latest ``info`` (from ``reset`` or the last ``step``)."""
+    env: gym.Env
+    """The LLM-facing env. Reference agents may read ``env.unwrapped``; model agents only read ``messages``."""
+    memory: dict[str, Any] = field(default_factory=dict)
+    """Per-episode scratch space the agent may keep state in (kept across the episode's turns)."""
+
+    @property
+    def protocol(self) -> TurnProtocol:
+        return find_protocol(self.env)
+
+
+@dataclass
+class AgentReply:
+    """One reply: its text and, for models, the number of generated tokens."""
+
+    text: str
+    tokens: int | None = None
+
+
+class Agent:
+    """Base class: override :meth:`reply` (one episode at a time) or :meth:`reply_batch` (all live episodes)."""
+
+    name: str = "agent"
+    kind: str = "reference"
+
+    def identity(self) -> dict[str, Any]:
+        """What identifies this agent in a result file (name, kind, and settings that change its behaviour)."""
+        return {"name": self.name, "kind": self.kind}
+
+    def reply(self, ctx: TurnContext) -> AgentReply | str:
+        raise NotImplementedError
+
+    def reply_batch(self, contexts: list[TurnContext]) -> list[AgentReply]:
+        out = []
+        for ctx in contexts:
+            reply = self.reply(ctx)
+            out.append(reply if isinstance(reply, AgentReply) else AgentReply(str(reply)))
+        return out
+
+    def close(self) -> None:
+        """Release resources (engines, servers)."""
+
+
+# ------------------------------------------------------------------------------------------------------ helpers
+def find_protocol(env: gym.Env) -> TurnProtocol:
+    """The :class:`TurnProtocol` inside ``env``'s wrapper chain (``gymnasium.make`` adds wrappers around it)."""
+    current: Any = env
+    while current is not None:
+        if isinstance(current, TurnProtocol):
+            return current
+        current = getattr(current, "env", None)
+    raise ValueError(f"invalid env {env!r}: expected a ragen LLM-facing env (a TurnProtocol inside)")
+
+
+def format_reply(ctx: TurnContext, think: str, actions: list[str]) -> str:
+    """A reply in the protocol's format: ``<think>..</think><answer>a1 || a2</answer>`` (no think when it is off)."""
+    protocol = ctx.protocol
+    answer = f" {protocol.action_sep} ".join(actions)
+    if protocol.enable_think:
+        return f"<think>{think}</think><answer>{answer}</answer>"
+    return f"<answer>{answer}</answer>"
+
+
+def actions_this_turn(ctx: TurnContext) -> int:
+    """How many actions the protocol will still execute this turn (per-turn cap and episode budget)."""
+    protocol = ctx.protocol
+    left = ctx.info.get("actions_left", protocol.max_actions_per_episode)
+    return max(1, min(protocol.actions_per_turn, int(left)))
+
+
+def turns_left(ctx: TurnContext) -> int:
+    return max(1, ctx.protocol.max_turns - int(ctx.info.get("turn", 0)))
+
+
+def episode_rng(*keys: Any) -> np.random.Generator:
+    """A generator seeded from ``keys`` only (never from call order), so batching does not change the draws."""
+    return np.random.default_rng([zlib.crc32(str(k).encode()) for k in keys])
+
+
+# ------------------------------------------------------------------------------------------------------ random
+def _random_countdown(view: dict[str, Any], rng: np.random.Generator) -> str:
+    numbers = [int(n) for n in view["numbers"]]
+    rng.shuffle(numbers)
+    text = str(numbers[0])
+    for n in numbers[1:]:
+        text = f"({text} {'+-*/'[int(rng.integers(4))]} {n})"
+    return text[1:-1] if text.startswith("(") else text
+
+
+def _random_webshop(view: dict[str, Any], rng: np.random.Generator) -> str:
+    clickables = [str(c) for c in view.get("clickables") or view.get("available_actions", {}).get("clickables") or []]
+    has_search = bool(view.get("has_search_bar") or view.get("available_actions", {}).get("has_search_bar"))
+    if has_search and (not clickables or rng.random() < 0.5):
+        words = str(view.get("instruction") or view.get("goal_instruction") or "item").split()
+        picked = [words[int(i)] for i in rng.choice(len(words), size=min(3, len(words)), replace=False)]
+        return f"search[{' '.join(picked)}]"
+    if clickables:
+        return f"click[{clickables[int(rng.integers(len(clickables)))]}]"
+    return "search[item]"
+
+
+#: Env family -> random free-form action (envs without a fixed list of action names).
+RANDOM_ACTIONS: dict[str, Callable[[dict[str, Any], np.random.Generator], str]] = {
+    "Countdown": _random_countdown,
+    "WebShop": _random_webshop,
+}
+
+
+class RandomAgent(Agent):
+    """Uniformly random valid actions, as many as the protocol executes this turn: the floor of every env.
+
+    Draws come from a generator seeded by ``(seed, env name, env seed, rollout, turn)``, so a run is reproducible
+    and independent of batching.
+    """
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = int(seed)
+
+    def identity(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "seed": self.seed}
+
+    def reply(self, ctx: TurnContext) -> AgentReply:
+        rng = episode_rng(self.seed, ctx.env_name, ctx.seed, ctx.rollout, ctx.info.get("turn", 0))
+        base = ctx.env.unwrapped
+        names = list(getattr(base, "action_names", ()) or ())
+        n = actions_this_turn(ctx)
+        if names:
+            actions = [names[int(i)] for i in rng.integers(len(names), size=n)]
+        else:
+            make = RANDOM_ACTIONS.get(env_family(ctx.env_id))
+            if make is None:
+                raise ValueError(f"RandomAgent has no random action for env {ctx.env_id} (it lists no action names)")
+            actions = [make(base.state_view(), rng)]
+        return AgentReply(format_reply(ctx, "I pick random actions.", actions))
+
+
+# ------------------------------------------------------------------------------------------------------ oracles
+def _oracle_bandit(ctx: TurnContext) -> tuple[str, list[str]]:
+    view = ctx.env.unwrapped.state_view()
+    arm = view["high_risk_arm"]
+    return f"{arm} is the high-risk arm; its expected payout is the higher one.", [arm]
+
+
+def _oracle_countdown(ctx: TurnContext) -> tuple[str, list[str]]:
+    from ragen_envs.countdown import solve_countdown
+
+    base = ctx.env.unwrapped
+    view = base.state_view()
+    expression = solve_countdown(view["numbers"], view["target"], use_all=getattr(base, "use_all_numbers", True))
+    if expression is None:  # unsolvable puzzle: answer something well-formed
+        return "No expression reaches the target.", [" + ".join(str(n) for n in view["numbers"])]
+    return f"{expression} = {view['target']}", [expression]
+
+
+# FrozenLake: finite-horizon value iteration on the known map ------------------------------------------------------
+_FL_ACTIONS = ("Left", "Down", "Right", "Up")
+_FL_DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))
+
+
+def frozen_lake_model(view: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Transition tensor ``P[s, a, s']``, goal indicator and terminal mask of a FrozenLake state view."""
+    nrow, ncol = view["size"]
+    n = nrow * ncol
+    holes = {tuple(h) for h in view["holes"]}
+    goal = tuple(view["goal"])
+    sr = float(view.get("success_rate", 1.0)) if view.get("slippery", True) else 1.0
+    terminal = np.zeros(n, bool)
+    is_goal = np.zeros(n)
+    P = np.zeros((n, 4, n))
+    for r in range(nrow):
+        for c in range(ncol):
+            s = r * ncol + c
+            if (r, c) in holes or (r, c) == goal:
+                terminal[s] = True
+                is_goal[s] = float((r, c) == goal)
+                P[s, :, s] = 1.0
+                continue
+            for a in range(4):
+                # gymnasium's slip model: intended w.p. sr, each perpendicular w.p. (1 - sr) / 2
+                outcomes = [(a, sr), ((a - 1) % 4, (1 - sr) / 2), ((a + 1) % 4, (1 - sr) / 2)]
+                for moved, p in outcomes:
+                    if p <= 0:
+                        continue
+                    dr, dc = _FL_DELTAS[moved]
+                    nr, nc = r + dr, c + dc
+                    if not (0 <= nr < nrow and 0 <= nc < ncol):
+                        nr, nc = r, c
+                    P[s, a, nr * ncol + nc] += p
+    return P, is_goal, terminal
+
+
+def frozen_lake_values(P: np.ndarray, is_goal: np.ndarray, terminal: np.ndarray, horizon: int) -> list[np.ndarray]:
+    """``V[h][s]``: the highest probability of reaching the goal from ``s`` within ``h`` more actions."""
+    values = [is_goal.copy()]
+    for _ in range(horizon):
+        q = P @ values[-1]  # (n, 4)
+        v = np.where(terminal, is_goal, q.max(axis=1))
+        values.append(v)
+    return values
+
+
+def _oracle_frozen_lake(ctx: TurnContext) -> tuple[str, list[str]]:
+    """Plan this turn's actions by value iteration, open-loop within the turn.
+
+    The protocol runs a turn's actions without showing the state in between, so the plan is greedy over the belief
+    (the distribution of where the slips may have taken the player), with the per-action values of the remaining
+    budget. Turns are used evenly: ``ceil(actions left / turns left)`` actions per turn, one when every action can
+    have its own turn (then the policy is the exact closed-loop optimum).
+    """
+    view = ctx.env.unwrapped.state_view()
+    if "model" not in ctx.memory:
+        ctx.memory["model"] = frozen_lake_model(view)
+    P, is_goal, terminal = ctx.memory["model"]
+    budget = int(ctx.info.get("actions_left", ctx.protocol.max_actions_per_episode))
+    values = frozen_lake_values(P, is_goal, terminal, budget)
+    n = min(actions_this_turn(ctx), math.ceil(budget / turns_left(ctx)))
+    ncol = view["size"][1]
+    belief = np.zeros(P.shape[0])
+    belief[view["player"][0] * ncol + view["player"][1]] = 1.0
+    actions = []
+    for i in range(n):
+        q = belief @ (P @ values[budget - i - 1])  # expected value of each action under the belief
+        a = int(np.argmax(q))
+        actions.append(_FL_ACTIONS[a])
+        belief = belief @ P[:, a, :]
+    think = (
+        f"I am at {tuple(view['player'])}, the goal at {tuple(view['goal'])}. Value iteration gives success "
+        f"probability {values[budget][view['player'][0] * ncol + view['player'][1]]:.2f} with {budget} actions left."
+    )
+    return think, actions
+
+
+def _oracle_sokoban(ctx: TurnContext) -> tuple[str, list[str]]:
+    """Follow the optimal (fewest-moves) plan of the env's own solver, replanned from the current position."""
+    from ragen_envs.sokoban.solver import solve_level  # imported only when a Sokoban env is played
+
+    base = ctx.env.unwrapped
+    position = base.snapshot()
+    key = (position.player, position.boxes)
+    plan = ctx.memory.get("plans", {}).get(key)
+    if plan is None:
+        solution = solve_level(position)
+        plan = list(solution.actions) if solution is not None else []
+        ctx.memory.setdefault("plans", {})[key] = plan
+    if not plan:
+        return "The solver finds no solution from here.", [base.action_names[0]]
+    n = actions_this_turn(ctx)
+    return f"The solver's optimal plan has {len(plan)} moves; I follow it.", plan[:n]
+
+
+def webshop_goal(base: Any) -> Any:
+    """The goal of the WebShop env's current session, read from its embedded shop (an oracle knows the goal).
+
+    Only an env that runs the embedded server (no ``server_url``) exposes its shop in this process.
+    """
+    from ragen_envs.webshop import _Embedded
+
+    key = getattr(base, "_embedded_key", None)
+    entry = _Embedded._servers.get(key) if key is not None else None
+    if entry is None:
+        raise ValueError("the WebShop oracle needs the env's embedded server (make the env without server_url)")
+    return entry[0].shop.goal(base.state_view()["session"])
+
+
+def _oracle_webshop(ctx: TurnContext) -> tuple[str, list[str]]:
+    """Search for the goal product by its name, open it, choose the goal's options, buy it."""
+    base = ctx.env.unwrapped
+    goal = webshop_goal(base)
+    view = base.state_view()
+    clickables = [str(c) for c in (view.get("available_actions") or {}).get("clickables", [])]
+    has_search = bool((view.get("available_actions") or {}).get("has_search_bar"))
+    asin = goal.asin.lower()
+    wanted = list(goal.goal_options.values()) if isinstance(goal.goal_options, dict) else list(goal.goal_options)
+    wanted = [str(v).lower() for v in wanted]
+    page = view.get("page")
+    tried = ctx.memory.setdefault("queries", 0)
+    if has_search:
+        queries = [goal.name, goal.query, goal.instruction_text]
+        ctx.memory["queries"] = tried + 1
+        return f"I search for the goal product {goal.asin}.", [f"search[{queries[min(tried, 2)]}]"]
+    if page == "results":
+        if asin in clickables:
+            return f"{goal.asin} is in the results; I open it.", [f"click[{asin}]"]
+        if "next >" in clickables and ctx.memory.get("pages", 0) < 2:
+            ctx.memory["pages"] = ctx.memory.get("pages", 0) + 1
+            return "The goal product is not on this page.", ["click[next >]"]
+        ctx.memory["pages"] = 0
+        return "The goal product is not in these results; I search again.", ["click[back to search]"]
+    if page in ("item", "sub"):
+        if view.get("asin", "").lower() != asin:
+            return "This is not the goal product.", ["click[back to search]" if "back to search" in clickables
+                                                     else "click[< prev]"]  # fmt: skip
+        selected = {str(v).lower() for v in (view.get("selected") or {}).values()}
+        for value in wanted:
+            if value not in selected and value in clickables:
+                return f"I choose the option {value}.", [f"click[{value}]"]
+        if "buy now" in clickables:
+            return "Every goal option is chosen; I buy it.", ["click[buy now]"]
+        return "I go back to the product page.", ["click[< prev]"]
+    return "I start over.", ["click[back to search]"]
+
+
+#: Env family -> oracle policy ``ctx -> (think, actions)``.
+ORACLES: dict[str, Callable[[TurnContext], tuple[str, list[str]]]] = {
+    "Bandit": _oracle_bandit,
+    "Countdown": _oracle_countdown,
+    "FrozenLake": _oracle_frozen_lake,
+    "Sokoban": _oracle_sokoban,
+    "WebShop": _oracle_webshop,
+}
+
+
+class OracleAgent(Agent):
+    """Reads the true state and acts with the env's own solver: the ceiling of every env (see the module docstring)."""
+
+    name = "oracle"
+
+    def reply(self, ctx: TurnContext) -> AgentReply:
+        policy = ORACLES.get(env_family(ctx.env_id))
+        if policy is None:
+            raise ValueError(f"OracleAgent has no oracle for env {ctx.env_id}; it knows {sorted(ORACLES)}")
+        think, actions = policy(ctx)
+        return AgentReply(format_reply(ctx, think, actions))
+
+
+#: Names accepted by ``ragen-trainer eval --agent``.
+REFERENCE_AGENTS: dict[str, Callable[..., Agent]] = {"random": RandomAgent, "oracle": OracleAgent}
+
+
+# ------------------------------------------------------------------------------------------------------ model
+ENGINES: tuple[str, ...] = ("hf", "vllm", "openai")
+
+
+def hash_model_files(source: str | None) -> str | None:
+    """sha256 (first 16 hex digits) over a local model folder's weights, config and tokenizer files; ``None`` when
+    ``source`` is not a local folder (a hub id or an endpoint: its name is the identity then)."""
+    import hashlib
+    from pathlib import Path
+
+    if not source or not Path(source).is_dir():
+        return None
+    folder = Path(source)
+    patterns = ("*.safetensors", "*.bin", "*.gguf", "*.pt", "config.json", "tokenizer.json", "tokenizer_config.json",
+                "adapter_config.json", "chat_template.jinja")  # fmt: skip
+    files = sorted({p for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+class ModelAgent(Agent):
+    """A causal LM replying through one of the trainer's engines; all live episodes of a batch in one call.
+
+    The conversation (system prompt, user observations, the model's earlier replies) is rendered with the model's chat
+    template by the engine. Decoding is the suite's (temperature, top_p, max_new_tokens); the sampling seed of each
+    call is derived from the suite's seed, the env and the batch's first seed and turn, so the same suite, model and
+    batch size give the same replies.
+
+    Build it with :meth:`load` (a model id / path / checkpoint folder, or an endpoint for ``engine="openai"``) or
+    around an existing engine (``ModelAgent(engine, name=...)``, as the tests do with a tiny model).
+    """
+
+    kind = "model"
+
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        name: str,
+        model: str | None = None,
+        model_hash: str | None = None,
+        engine_name: str | None = None,
+        extra_identity: dict[str, Any] | None = None,
+    ) -> None:
+        if not hasattr(engine, "generate_chat"):
+            raise ValueError(f"invalid argument engine={engine!r}: expected a ragen_trainer.engines GenerationEngine")
+        self.engine = engine
+        self.name = name
+        self.model = model
+        self.model_hash = model_hash
+        self.engine_name = engine_name or getattr(engine, "name", type(engine).__name__)
+        self.extra_identity = dict(extra_identity or {})
+        self.decoding: dict[str, Any] = {}
+        self._env_name = ""
+
+    # -------------------------------------------------------------------------------------------- construction
+    @classmethod
+    def load(
+        cls,
+        model: str | None = None,
+        *,
+        engine: str = "hf",
+        name: str | None = None,
+        batch_size: int = 16,
+        device: str = "auto",
+        dtype: str = "auto",
+        base_url: str | None = None,
+        api_key: str | None = None,
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> ModelAgent:
+        """Load ``model`` (HF id, local folder, ``ragen-trainer train`` checkpoint; ``None``: the bundled SmolLM2)
+        and wrap it in ``engine`` (``"hf"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible ``base_url``)."""
+        from pathlib import Path
+
+        if engine not in ENGINES:
+            raise ValueError(f"invalid argument engine={engine!r}: expected one of {ENGINES}")
+        kwargs = dict(engine_kwargs or {})
+        extra: dict[str, Any] = {}
+        if engine == "openai":
+            if not base_url:
+                raise ValueError("invalid argument base_url=None: the openai engine needs the endpoint's base URL")
+            if not model:
+                raise ValueError("invalid argument model=None: the openai engine needs the served model's name")
+            from ragen_trainer.engines import OpenAIEngine
+
+            built = OpenAIEngine(base_url=base_url, model=model, api_key=api_key, **kwargs)
+            return cls(built, name=name or model, model=model, engine_name="openai",
+                       extra_identity={"base_url": base_url})  # fmt: skip
+        from ragen_trainer import models
+
+        source = models._resolve_source(model)  # the local folder it loads from (the converted default too)
+        if Path(source).is_dir() and models.is_ragen_checkpoint(source):
+            extra["checkpoint"] = models.read_checkpoint_info(source)
+        if engine == "vllm":
+            from ragen_trainer.engines import VLLMEngine
+
+            kwargs.setdefault("gpu_memory_utilization", 0.85)  # evaluation only: no trainer shares the GPU
+            built = VLLMEngine(source, **kwargs)
+        else:
+            from ragen_trainer.engines import HFEngine
+
+            net, tokenizer = models.load_model_and_tokenizer(model, device=device, dtype=dtype)
+            net.eval()
+            built = HFEngine(net, tokenizer, batch_size=batch_size, **kwargs)
+            extra["dtype"] = str(next(net.parameters()).dtype).replace("torch.", "")
+        label = models.DEFAULT_MODEL if models.is_default_model(model) else str(model)
+        return cls(
+            built,
+            name=name or Path(label.rstrip("/")).name,
+            model=label,
+            model_hash=hash_model_files(source),
+            engine_name=engine,
+            extra_identity=extra,
+        )
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "model": self.model,
+            "model_hash": self.model_hash,
+            "engine": self.engine_name,
+            **self.extra_identity,
+        }
+
+    # -------------------------------------------------------------------------------------------- acting
+    def begin_env(self, entry: Any) -> None:
+        """Called by the runner before each env of the suite: take that env's pinned decoding."""
+        self.decoding = dict(entry.decoding)
+        self._env_name = entry.name
+
+    def reply_batch(self, contexts: list[TurnContext]) -> list[AgentReply]:
+        from ragen_trainer.engines import SamplingParams
+
+        if not contexts:
+            return []
+        d = self.decoding or {"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 400, "seed": 0}
+        first = contexts[0]
+        seed = None
+        if d.get("seed") is not None:
+            seed = zlib.crc32(f"{d['seed']}|{self._env_name}|{first.seed}|{first.rollout}|{first.info.get('turn', 0)}"
+                              .encode())  # fmt: skip
+        params = SamplingParams(temperature=float(d["temperature"]), top_p=float(d["top_p"]),
+                                max_new_tokens=int(d["max_new_tokens"]), seed=seed)  # fmt: skip
+        results = self.engine.generate_chat([ctx.messages for ctx in contexts], params)
+        return [AgentReply(r.text, len(r.token_ids) if r.token_ids else None) for r in results]
+
+    def close(self) -> None:
+        self.engine.close()

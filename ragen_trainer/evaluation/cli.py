@@ -1,0 +1,197 @@
+"""The ``ragen-trainer eval`` and ``ragen-trainer leaderboard`` subcommands.
+
+``ragen_trainer.cli`` adds them with :func:`add_eval_arguments` / :func:`add_leaderboard_arguments` and calls
+:func:`run_eval` / :func:`run_leaderboard` (each returns the exit code). ``python -m ragen_trainer.evaluation.cli``
+runs them without the trainer's CLI::
+
+    ragen-trainer eval --suite quick-v1 --agent oracle -o results/oracle.json
+    ragen-trainer eval --suite quick-v1 --model smollm2 -o results/smollm2.json
+    ragen-trainer eval --rescore results/smollm2.json
+    ragen-trainer leaderboard results/*.json --markdown results/leaderboard.md --html results/leaderboard.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+EVAL_DESCRIPTION = "Evaluate an agent (a model or a reference agent) on a seed-pinned suite; write one JSON result."
+LEADERBOARD_DESCRIPTION = "Merge result files into a Markdown table and a self-contained HTML leaderboard."
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``eval`` options to ``parser`` (a subparser of ``ragen-trainer``)."""
+    parser.add_argument("--suite", default="paper-v1",
+                        help="suite id (paper-v1, quick-v1), name (its latest version) or a suite JSON file "
+                             "(default: paper-v1, the paper's validation protocol)")  # fmt: skip
+    parser.add_argument("--agent", choices=("model", "random", "oracle"), default="model",
+                        help="what to evaluate: a model (default), or a reference agent: random (floor) or oracle "
+                             "(ceiling)")  # fmt: skip
+    parser.add_argument("--model", default=None,
+                        help="Hugging Face id, local folder or ragen-trainer checkpoint folder (default: the bundled "
+                             "SmolLM2-135M-Instruct); with --engine openai, the served model's name")  # fmt: skip
+    parser.add_argument("--engine", choices=("hf", "vllm", "openai"), default="hf",
+                        help="generation engine for --agent model (default hf)")  # fmt: skip
+    parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (with --engine openai)")
+    parser.add_argument("--api-key", default=None,
+                        help="API key for --engine openai (default: the OPENAI_API_KEY environment variable)")
+    parser.add_argument("--device", default="auto", help="device for the hf engine: auto, cpu, cuda, cuda:N")
+    parser.add_argument("--dtype", default="auto", help="weights dtype for the hf engine: auto, float32, bfloat16")
+    parser.add_argument("--batch-size", type=int, default=16, help="episodes played (and generated) at once")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for torch (hf engine on CPU; 1 is fastest on a busy machine)")
+    parser.add_argument("--name", default=None, help="the agent's name on the leaderboard (default: from the model)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random agent (default 0)")
+    parser.add_argument("--envs", default=None,
+                        help="comma-separated env names of the suite to run (default: all); a subset gets its own "
+                             "suite hash")  # fmt: skip
+    parser.add_argument("--max-states", type=int, default=None,
+                        help="only the first N seeds of each env (a subset, with its own suite hash)")
+    parser.add_argument("-o", "--output", default=None,
+                        help="result file (default: results/<agent>__<suite>.json)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--rescore", metavar="RESULT", default=None,
+                        help="re-score a saved result file from its episodes (no model, no env) and exit; with -o, "
+                             "write the re-scored file")  # fmt: skip
+    return parser
+
+
+def add_leaderboard_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``leaderboard`` options to ``parser``."""
+    parser.add_argument("results", nargs="+", help="result files of ragen-trainer eval, or folders holding them")
+    parser.add_argument("--markdown", default="results/leaderboard.md", help="Markdown output (default %(default)s)")
+    parser.add_argument("--html", default="results/leaderboard.html", help="HTML output (default %(default)s)")
+    parser.add_argument("--title", default="ragen leaderboard", help="page title")
+    parser.add_argument("--replays", type=int, default=8,
+                        help="episodes per env and run kept in the page's trajectory viewer (default 8)")
+    return parser
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "agent"
+
+
+def _build_agent(args: argparse.Namespace) -> Any:
+    from ragen_trainer.evaluation.agents import ModelAgent, OracleAgent, RandomAgent
+
+    if args.agent == "random":
+        return RandomAgent(seed=args.seed)
+    if args.agent == "oracle":
+        return OracleAgent()
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"invalid argument --threads={args.threads}: expected an int >= 1")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    return ModelAgent.load(
+        args.model,
+        engine=args.engine,
+        name=args.name,
+        batch_size=args.batch_size,
+        device=args.device,
+        dtype=args.dtype,
+        base_url=args.base_url,
+        api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+    )
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """``ragen-trainer eval``: run the suite, write the result, print the summary table. Returns the exit code."""
+    from ragen_trainer.evaluation.runner import run_suite, save_result, summary_lines
+    from ragen_trainer.evaluation.suites import load_suite
+
+    if args.rescore:
+        from ragen_trainer.evaluation.rescore import main as rescore_main
+
+        return rescore_main([args.rescore] + (["-o", args.output] if args.output else []))
+    try:
+        if args.batch_size < 1:
+            raise ValueError(f"invalid argument --batch-size={args.batch_size}: expected an int >= 1")
+        suite = load_suite(args.suite)
+        envs = [e.strip() for e in args.envs.split(",") if e.strip()] if args.envs else None
+        suite = suite.select(envs, args.max_states)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        agent = _build_agent(args)
+    except (ValueError, OSError, ImportError) as exc:
+        print(f"error: cannot build the agent: {exc}", file=sys.stderr)
+        return 2
+    if args.agent != "model" and args.name:
+        agent.name = args.name
+    output = Path(args.output or f"results/{_slug(agent.name)}__{_slug(suite.suite_id)}.json")
+    print(f"evaluating {agent.name} on {suite.suite_id} (hash {suite.hash}): {len(suite.envs)} envs, "
+          f"{suite.num_episodes} episodes", file=sys.stderr)  # fmt: skip
+    try:
+        # Finished envs are kept next to the output, so an interrupted run resumes where it stopped.
+        checkpoint = output.with_name(output.name + ".partial")
+        result = run_suite(suite, agent, batch_size=args.batch_size, progress=not args.no_progress,
+                           checkpoint=checkpoint)  # fmt: skip
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        agent.close()
+    save_result(result, output)
+    print("\n".join(summary_lines(result)))
+    errors = sum(s["errors"] for s in result["summary"]["envs"].values())
+    if errors:
+        first = next(e["error"] for e in result["episodes"] if e.get("error"))
+        print(f"warning: {errors} episode(s) ended with an error; the first:\n{first}", file=sys.stderr)
+    print(f"result written to {output} ({result['timings']['wall_seconds']:.1f} s)")
+    return 0
+
+
+def _expand(paths: list[str]) -> list[Path]:
+    """Files as given; folders contribute their ``*.json`` files that are ragen evaluation results."""
+    from ragen_trainer.evaluation.runner import RESULT_FORMAT
+
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.is_dir():
+            out.append(path)
+            continue
+        for candidate in sorted(path.glob("*.json")):
+            with candidate.open(encoding="utf-8", errors="replace") as fh:
+                if RESULT_FORMAT in fh.read(200):
+                    out.append(candidate)
+    return out
+
+
+def run_leaderboard(args: argparse.Namespace) -> int:
+    """``ragen-trainer leaderboard``: merge result files, write the Markdown and HTML pages. Returns the exit code."""
+    from ragen_trainer.evaluation.leaderboard import build_leaderboard
+
+    keep = _expand(args.results)
+    try:
+        markdown, _ = build_leaderboard(keep, markdown_path=args.markdown, html_path=args.html, title=args.title,
+                                        replays_per_env=args.replays)  # fmt: skip
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(markdown)
+    print(f"wrote {args.markdown} and {args.html} from {len(keep)} result file(s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m ragen_trainer.evaluation.cli {eval,leaderboard} ...``"""
+    parser = argparse.ArgumentParser(prog="python -m ragen_trainer.evaluation.cli")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_eval_arguments(sub.add_parser("eval", help=EVAL_DESCRIPTION, description=EVAL_DESCRIPTION))
+    add_leaderboard_arguments(
+        sub.add_parser("leaderboard", help=LEADERBOARD_DESCRIPTION, description=LEADERBOARD_DESCRIPTION)
+    )
+    args = parser.parse_args(argv)
+    return run_eval(args) if args.command == "eval" else run_leaderboard(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
