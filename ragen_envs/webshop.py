@@ -327,6 +327,19 @@ class WebShopEnv(BaseTextEnv):
             extra=extra,
         )  # fmt: skip
 
+    def current_goal(self) -> Any:
+        """The goal of the current episode (product, attributes, options, price cap): the answer key oracles use.
+
+        Only an env running the embedded server (no ``server_url``) can read it; a remote server keeps goals private.
+        """
+        entry = _Embedded._servers.get(self._embedded_key) if self._embedded_key is not None else None
+        if entry is None:
+            raise ValueError(
+                "current_goal() needs the env's embedded server: make the env without server_url "
+                "(a remote webshop-server does not reveal goals)"
+            )
+        return entry[0].shop.goal(self.state_view()["session"])
+
     def state_info(self) -> dict[str, Any]:
         return self._extra()
 

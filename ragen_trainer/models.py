@@ -290,7 +290,7 @@ def load_tokenizer(model: str | None = None, *, trust_remote_code: bool = False)
     :func:`load_model_and_tokenizer`."""
     from transformers import AutoTokenizer
 
-    source = _resolve_source(model)
+    source = resolve_model_source(model)
     folder = source
     if (Path(source) / "adapter_config.json").is_file() and not (Path(source) / "tokenizer_config.json").is_file():
         folder = _adapter_base(Path(source))
@@ -339,7 +339,7 @@ def load_model_and_tokenizer(
     lora_settings = LoraSettings.from_value(lora)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    source = _resolve_source(model)
+    source = resolve_model_source(model)
     adapter_dir = Path(source) if (Path(source) / "adapter_config.json").is_file() else None
     base_source = _adapter_base(adapter_dir) if adapter_dir is not None else source
 
@@ -367,7 +367,7 @@ def load_model_and_tokenizer(
     return net, tokenizer
 
 
-def _resolve_source(model: str | None) -> str:
+def resolve_model_source(model: str | None) -> str:
     """The folder or hub id to load from: the converted cache folder for the default model."""
     if is_default_model(model):
         return str(convert_default_model())
@@ -390,7 +390,7 @@ def _adapter_base(adapter_dir: Path) -> str:
     base = cfg.get("base_model_name_or_path")
     if not base:
         raise ModelLoadError(f"{adapter_dir}/adapter_config.json names no base_model_name_or_path")
-    return _resolve_source(base) if not Path(base).exists() or is_default_model(base) else str(base)
+    return resolve_model_source(base) if not Path(base).exists() or is_default_model(base) else str(base)
 
 
 def _from_pretrained(cls: Any, source: str, model: str | None, **kwargs: Any) -> Any:

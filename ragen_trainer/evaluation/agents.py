@@ -295,17 +295,8 @@ def _oracle_sokoban(ctx: TurnContext) -> tuple[str, list[str]]:
 
 
 def webshop_goal(base: Any) -> Any:
-    """The goal of the WebShop env's current session, read from its embedded shop (an oracle knows the goal).
-
-    Only an env that runs the embedded server (no ``server_url``) exposes its shop in this process.
-    """
-    from ragen_envs.webshop import _Embedded
-
-    key = getattr(base, "_embedded_key", None)
-    entry = _Embedded._servers.get(key) if key is not None else None
-    if entry is None:
-        raise ValueError("the WebShop oracle needs the env's embedded server (make the env without server_url)")
-    return entry[0].shop.goal(base.state_view()["session"])
+    """The goal of the WebShop env's current session (an oracle knows the goal); see ``WebShopEnv.current_goal``."""
+    return base.current_goal()
 
 
 def _oracle_webshop(ctx: TurnContext) -> tuple[str, list[str]]:
@@ -470,7 +461,7 @@ class ModelAgent(Agent):
                        extra_identity={"base_url": base_url})  # fmt: skip
         from ragen_trainer import models
 
-        source = models._resolve_source(model)  # the local folder it loads from (the converted default too)
+        source = models.resolve_model_source(model)  # the local folder it loads from (the converted default too)
         if Path(source).is_dir() and models.is_ragen_checkpoint(source):
             extra["checkpoint"] = models.read_checkpoint_info(source)
         if engine == "vllm":

@@ -186,3 +186,21 @@ def test_importing_ragen_envs_stays_light():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_current_goal_is_the_answer_key_of_the_embedded_server_only(server):
+    env = WebShopEnv(split="test", **SMALL)
+    try:
+        env.reset(seed=3)
+        goal = env.current_goal()
+        assert goal.asin and goal.price_upper > 0 and goal.instruction_text
+        assert env.current_goal() == goal  # the same episode, the same goal
+    finally:
+        env.close()
+    remote = WebShopEnv(server_url=server.url, split="test")
+    try:
+        remote.reset(seed=3)
+        with pytest.raises(ValueError, match="embedded server"):
+            remote.current_goal()
+    finally:
+        remote.close()
