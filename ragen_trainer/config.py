@@ -1,0 +1,380 @@
+"""One config object for StarPO / StarPO-S training, its named presets, YAML files and command-line overrides.
+
+:class:`StarPOConfig` is a plain dataclass in TRL's style: every field carries ``metadata={"help": ...}`` and the
+reference code's default (``/work/shared/REFERENCE.md``: 8 initial states x 16 rollouts, 5 turns, keep ratio 0.25 by
+in-group reward std, clip 0.2 / 0.28, no KL, entropy 0.001, actor lr 1e-6, critic lr 1e-5, GAE 1.0 / 1.0, 200 steps,
+validation every 10 steps on 256 states at temperature 0.5, 400 tokens per reply, 3600 context). The bare defaults
+are therefore StarPO-S, the paper's method; :data:`PRESETS` names the other settings (vanilla StarPO, GRPO, PPO, and
+the paper's ablations).
+
+The module imports neither torch nor transformers, so a bad config fails in milliseconds, before any model loads:
+:meth:`StarPOConfig.validate` raises a ``ValueError`` that names the field, its value and what is allowed.
+
+Three ways to set fields, applied in this order (later wins):
+
+1. a preset or a YAML file (``load_config("starpo-s")``, ``load_config("configs/bandit/starpo.yaml")``; a YAML file
+   may itself start from a preset with ``preset: grpo``);
+2. ``--<field> value`` flags of ``ragen-trainer train`` (one per field, see ``ragen-trainer train --help``);
+3. ``--set field=value`` (repeatable), handy in scripts.
+
+Values given as text are parsed by the field's type (``int``, ``float``, ``true``/``false``, ``none``, and YAML for
+lists and dicts, e.g. ``--set 'env_kwargs={size: 6}'``); YAML is read with ``yaml.safe_load``, nothing is executed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+#: Allowed values of the fields that take one of a few names.
+CHOICES: dict[str, tuple[Any, ...]] = {
+    "adv_estimator": ("gae", "grpo", "bilevel_gae"),
+    "critic": ("none", "value_head", "value_model"),
+    "filter_mode": ("std", "std_rev"),
+    "kl_estimator": ("k1", "k3"),
+    "loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "reward_placement": ("turn", "trajectory"),
+    "engine": ("hf", "vllm"),
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
+}
+
+#: Names accepted for ``report_to``; ``console`` and ``jsonl`` are ragen's own, the others go to TRL/transformers.
+REPORTERS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class StarPOConfig:
+    """All knobs of a StarPO / StarPO-S run. Defaults are the reference code's StarPO-S settings."""
+
+    # ------------------------------------------------------------------ experiment
+    env_id: str = _f("ragen/Bandit-v0", "gymnasium id of the text env (any registered ragen/<Name>-v0).")
+    env_kwargs: dict = _f({}, "Extra keyword arguments for gymnasium.make (env and protocol kwargs, e.g. {size: 6}).")
+    model: str = _f(
+        "smollm2",
+        "Model to train: 'smollm2' (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face folder, or a hub "
+        "id already in the local cache.",
+    )
+    output_dir: str = _f("runs/starpo-s", "Folder for config.yaml, metrics.jsonl, checkpoints and summary.json.")
+    seed: int = _f(0, "Seed of the model init, sampling and the training initial states.")
+    total_steps: int = _f(200, "Training steps (one step = one rollout batch and one optimizer update per epoch).")
+
+    # ------------------------------------------------------------------ rollout
+    env_groups: int = _f(8, "P: initial states (env seeds) per training step.")
+    group_size: int = _f(16, "N: rollouts per initial state (the group GRPO normalises over and StarPO-S ranks).")
+    max_turns: int = _f(5, "Most turns per episode.")
+    actions_per_turn: int = _f(0, "Most actions per turn; 0 keeps the env's default (5; Bandit 1).")
+    enable_think: bool = _f(True, "Ask for <think>...</think> before <answer>; false is the paper's no-think ablation.")
+    max_new_tokens: int = _f(400, "Most tokens the model may write per turn (the reference's response length).")
+    max_context_tokens: int = _f(3600, "Most tokens of a whole conversation; the episode is truncated beyond it.")
+    temperature: float = _f(1.0, "Sampling temperature of training rollouts (log-probs are taken at it too).")
+    top_p: float = _f(1.0, "Nucleus sampling of training rollouts.")
+    generation_batch_size: int = _f(32, "Prompts per generate call of the hf engine (memory vs. speed).")
+    engine: str = _f("hf", "Generation engine: hf (the trained model, in process) or vllm (a vLLM server that receives the new "
+        "weights every step).")
+    engine_url: str = _f("", "Base URL of the vllm/openai server (e.g. http://127.0.0.1:8000); unused by hf.")
+
+    # ------------------------------------------------------------------ advantage (paper Sec. 3 / 4)
+    adv_estimator: str = _f(
+        "gae",
+        "Advantage: gae (PPO with a critic, token-level GAE), grpo (group-normalised return, no critic), "
+        "bilevel_gae (turn-level GAE with turn_gamma, then token-level GAE inside each turn).",
+    )
+    gamma: float = _f(1.0, "Token-level discount of GAE.")
+    lam: float = _f(1.0, "Token-level lambda of GAE.")
+    turn_gamma: float = _f(0.95, "Turn-level discount of bi-level GAE.")
+    turn_lam: float = _f(1.0, "Turn-level lambda of bi-level GAE.")
+    grpo_norm_by_std: bool = _f(True, "GRPO: divide by the group's reward std (false: mean-centre only, Dr.GRPO).")
+    whiten_advantages: bool = _f(True, "GAE: whiten advantages over the batch's model tokens (as the reference).")
+    reward_placement: str = _f(
+        "turn", "Where rewards sit for GAE: turn (each turn's reward on that reply's last token), trajectory (R(tau) on the "
+        "last model token)."
+    )
+
+    # ------------------------------------------------------------------ StarPO-S filtering (Sec. 4.1)
+    filter_ratio: float = _f(
+        0.25, "Keep ratio: the fraction of initial-state groups kept by in-group reward std (1.0 = no filtering)."
+    )
+    filter_mode: str = _f("std", "Ranking of groups: std keeps the highest in-group reward std, std_rev the lowest.")
+
+    # ------------------------------------------------------------------ losses
+    clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
+    clip_high: float = _f(0.28, "PPO clip epsilon above 1 (clip-higher; vanilla StarPO uses 0.2).")
+    kl_coef: float = _f(0.0, "Weight of the KL penalty to the reference model (vanilla StarPO 0.001; StarPO-S 0).")
+    kl_estimator: str = _f("k3", "KL estimator: k1 (log-ratio) or k3 (low-variance, always >= 0).")
+    entropy_coef: float = _f(0.001, "Weight of the entropy bonus.")
+    loss_agg_mode: str = _f("token-mean", "How token losses are averaged: token-mean, seq-mean-token-mean, ...sum.")
+    value_clip: float = _f(0.5, "Clip range of the value loss around the rollout's values.")
+    value_loss_coef: float = _f(0.5, "Weight of the value loss in the total loss.")
+    ppo_epochs: int = _f(1, "Optimizer updates per rollout batch (each reuses the same rollouts).")
+
+    # ------------------------------------------------------------------ critic
+    critic: str = _f(
+        "value_head",
+        "Critic for gae/bilevel_gae: value_head (a linear head on the policy's last hidden state), value_model "
+        "(a separate copy of the backbone with its own head), none (grpo only).",
+    )
+
+    # ------------------------------------------------------------------ optimisation
+    actor_lr: float = _f(1e-6, "Learning rate of the policy.")
+    critic_lr: float = _f(1e-5, "Learning rate of the critic.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    warmup_steps: int = _f(0, "Learning-rate warm-up steps.")
+    lr_scheduler_type: str = _f("constant", "Learning-rate schedule.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm.")
+    micro_batch_size: int = _f(8, "Trajectories per forward/backward pass on each process (memory knob).")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    dtype: str = _f("auto", "Weights dtype: auto (bfloat16 on a GPU that supports it, else float32), or explicit.")
+
+    # ------------------------------------------------------------------ validation, logging, checkpoints
+    val_every: int = _f(10, "Validate every this many steps (0 = never).")
+    val_groups: int = _f(256, "Initial states of each validation (one rollout each).")
+    val_temperature: float = _f(0.5, "Sampling temperature of validation.")
+    logging_steps: int = _f(1, "Log metrics every this many steps.")
+    report_to: list = _f(["console", "jsonl"], f"Where metrics go, any of {list(REPORTERS)}.")
+    save_steps: int = _f(50, "Save a Hugging Face checkpoint every this many steps (0 = only the final one).")
+    save_total_limit: int = _f(0, "Keep at most this many checkpoints (0 = keep all).")
+    resume: bool = _f(True, "Resume from the last checkpoint in output_dir when there is one.")
+    deepspeed: str = _f("", "Path to a DeepSpeed config JSON (ZeRO); empty = none. Use with `accelerate launch`.")
+
+    # ------------------------------------------------------------------ helpers
+    def validate(self) -> StarPOConfig:
+        """Check every field; raise ``ValueError`` naming the first bad field and what is allowed. Returns self."""
+        hints = get_type_hints(type(self))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            expected = hints[f.name]
+            ok = _type_ok(value, expected)
+            _check(ok, f.name, value, f"a {_type_name(expected)}")
+        for name, allowed in CHOICES.items():
+            _check(getattr(self, name) in allowed, name, getattr(self, name), f"one of {list(allowed)}")
+        for name in ("total_steps", "env_groups", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
+                     "micro_batch_size", "generation_batch_size", "ppo_epochs", "val_groups", "logging_steps"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
+        for name in ("actions_per_turn", "val_every", "save_steps", "save_total_limit", "warmup_steps"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "an int >= 0")
+        _check(self.max_new_tokens < self.max_context_tokens, "max_new_tokens", self.max_new_tokens,
+               f"an int < max_context_tokens ({self.max_context_tokens})")
+        for name in ("gamma", "lam", "turn_gamma", "turn_lam"):
+            _check(0.0 <= getattr(self, name) <= 1.0, name, getattr(self, name), "a number in [0, 1]")
+        _check(0.0 < self.filter_ratio <= 1.0, "filter_ratio", self.filter_ratio, "a number in (0, 1]")
+        for name in ("clip_low", "clip_high"):
+            _check(0.0 < getattr(self, name) < 1.0, name, getattr(self, name), "a number in (0, 1)")
+        for name in ("kl_coef", "entropy_coef", "value_loss_coef", "weight_decay", "value_clip"):
+            _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, name, getattr(self, name),
+                   "a finite number >= 0")
+        for name in ("actor_lr", "critic_lr", "max_grad_norm"):
+            _check(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, getattr(self, name),
+                   "a finite number > 0")
+        for name in ("temperature", "val_temperature"):
+            _check(0.0 <= getattr(self, name) <= 10.0, name, getattr(self, name), "a number in [0, 10]")
+        _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1]")
+        _check(self.temperature > 0.0, "temperature", self.temperature,
+               "a number > 0 (training log-probs are taken at the sampling temperature)")
+        _check(self.env_id.strip() != "", "env_id", self.env_id, "a registered gymnasium id like 'ragen/Bandit-v0'")
+        _check(self.model.strip() != "", "model", self.model, "'smollm2', a model folder or a cached hub id")
+        _check(self.output_dir.strip() != "", "output_dir", self.output_dir, "a folder path")
+        bad = [r for r in self.report_to if r not in REPORTERS]
+        _check(not bad, "report_to", self.report_to, f"a list of names from {list(REPORTERS)}")
+        if self.adv_estimator in ("gae", "bilevel_gae"):
+            _check(self.critic != "none", "critic", self.critic,
+                   f"'value_head' or 'value_model' when adv_estimator={self.adv_estimator!r} (GAE needs a critic)")
+        else:
+            _check(self.critic == "none", "critic", self.critic,
+                   "'none' when adv_estimator='grpo' (GRPO's baseline is the group mean, a critic would be unused)")
+        if self.adv_estimator == "grpo":
+            _check(self.group_size >= 2 or not self.grpo_norm_by_std, "group_size", self.group_size,
+                   "an int >= 2 for grpo (a group of one has no baseline)")
+        if self.engine == "vllm":
+            _check(self.engine_url.startswith(("http://", "https://")), "engine_url", self.engine_url,
+                   f"an http(s) URL of the {self.engine} server when engine={self.engine!r}")
+        return self
+
+    @property
+    def kept_groups(self) -> int:
+        """Initial-state groups kept per step by StarPO-S filtering (at least one)."""
+        return max(1, min(self.env_groups, math.ceil(self.env_groups * self.filter_ratio - 1e-9)))
+
+    @property
+    def use_critic(self) -> bool:
+        return self.critic != "none"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+
+    def replace(self, **changes: Any) -> StarPOConfig:
+        """A copy with ``changes`` applied (unknown names raise ``ValueError``), not yet validated."""
+        return apply_overrides(self, changes)
+
+
+# ---------------------------------------------------------------------------------------------------------- presets
+_VANILLA = {"filter_ratio": 1.0, "kl_coef": 0.001, "clip_low": 0.2, "clip_high": 0.2}
+
+#: name -> (description, field changes from the StarPO-S defaults). The README's presets table is written from this.
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "starpo-s": ("StarPO-S: filter keep 0.25 by std, critic (PPO/GAE), no KL, clip 0.2/0.28 (the defaults)", {}),
+    "starpo": ("vanilla StarPO (reference default backbone PPO): no filter, KL 0.001, clip 0.2/0.2", dict(_VANILLA)),
+    "ppo": ("vanilla StarPO with the PPO backbone (critic + GAE 1.0/1.0), same as starpo", dict(_VANILLA)),
+    "grpo": ("vanilla StarPO with the GRPO backbone: group-normalised return, no critic", {
+        **_VANILLA, "adv_estimator": "grpo", "critic": "none"}),
+    "starpo-s-grpo": ("StarPO-S parts on the GRPO backbone (filter, no KL, clip-higher; no critic)", {
+        "adv_estimator": "grpo", "critic": "none"}),
+    "starpo-s-std-rev": ("ablation: keep the lowest-variance groups (std_rev)", {"filter_mode": "std_rev"}),
+    "starpo-s-bilevel": ("ablation: bi-level GAE (turn gamma 0.95, then token level)", {"adv_estimator": "bilevel_gae"}),
+    "starpo-s-no-think": ("ablation: no <think> block (paper Table 4, no-think column)", {"enable_think": False}),
+    "starpo-s-no-clip-higher": ("ablation: symmetric clip 0.2/0.2", {"clip_high": 0.2}),
+    "starpo-s-kl": ("ablation: StarPO-S with the KL term kept (0.001)", {"kl_coef": 0.001}),
+    "starpo-s-value-model": ("StarPO-S with a separate value model instead of a value head", {
+        "critic": "value_model"}),
+}
+
+
+def preset(name: str) -> StarPOConfig:
+    """The config of a named preset (see :data:`PRESETS`)."""
+    if name not in PRESETS:
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"invalid argument preset={name!r}: expected one of {list(PRESETS)}{hint}")
+    cfg = StarPOConfig(output_dir=f"runs/{name}")
+    return apply_overrides(cfg, PRESETS[name][1])
+
+
+# ---------------------------------------------------------------------------------------------------------- loading
+def load_config(spec: str | Path | None = None) -> StarPOConfig:
+    """A preset name, a YAML file path, or ``None`` (the StarPO-S defaults); not yet validated.
+
+    A YAML file is a mapping of field names to values; an optional ``preset:`` key names the starting point.
+    """
+    if spec is None or str(spec) == "":
+        return StarPOConfig()
+    text = str(spec)
+    if text in PRESETS:
+        return preset(text)
+    path = Path(text)
+    if not path.is_file():
+        raise ValueError(
+            f"invalid argument config={text!r}: expected a preset name ({', '.join(PRESETS)}) or an existing YAML file"
+        )
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"invalid argument config={text!r}: not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"invalid argument config={text!r}: expected a YAML mapping of field: value")
+    base_name = data.pop("preset", None)
+    data.pop("description", None)  # free text for humans
+    base = preset(str(base_name)) if base_name is not None else StarPOConfig()
+    return apply_overrides(base, data)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(StarPOConfig)]
+
+
+def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
+    """A copy of ``cfg`` with ``changes``; text values are parsed by the field's type. Unknown names raise."""
+    hints = get_type_hints(StarPOConfig)
+    names = field_names()
+    out = dataclasses.replace(cfg)
+    for key, value in changes.items():
+        key = str(key).replace("-", "_")
+        if key not in names:
+            close = difflib.get_close_matches(key, names, n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"unknown config field {key!r}{hint} (see `ragen-trainer train --help`)")
+        if isinstance(value, str) and hints[key] is not str:
+            value = parse_value(key, value, hints[key])
+        if hints[key] is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if hints[key] is list and isinstance(value, str):
+            value = [value]
+        setattr(out, key, value)
+    return out
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, str]:
+    """``["lr=1e-5", "env_kwargs={size: 6}"]`` -> ``{"lr": "1e-5", ...}``; a pair without ``=`` raises."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"invalid argument --set {pair!r}: expected field=value, e.g. --set filter_ratio=0.5")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_value(name: str, text: str, kind: Any) -> Any:
+    """Parse command-line text for a field of type ``kind``; raise ``ValueError`` naming the field."""
+    try:
+        if kind is bool:
+            low = text.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind in (list, dict):
+            import yaml
+
+            value = yaml.safe_load(text) if text.strip() else kind()
+            if kind is list and isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+            if not isinstance(value, kind):
+                raise ValueError
+            return value
+    except Exception:  # ValueError, TypeError and yaml's errors: all mean the text does not fit the type
+        raise ValueError(f"invalid config field {name}={text!r}: expected a {_type_name(kind)}") from None
+    return text
+
+
+# ---------------------------------------------------------------------------------------------------------- internals
+def _check(condition: bool, name: str, value: Any, allowed: str) -> None:
+    if not condition:
+        raise ValueError(f"invalid config field {name}={value!r}: expected {allowed}")
+
+
+def _type_ok(value: Any, kind: Any) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(float(value))
+    if kind is str:
+        return isinstance(value, str)
+    if kind is list:
+        return isinstance(value, list)
+    if kind is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    return True
+
+
+def _type_name(kind: Any) -> str:
+    return {bool: "bool (true/false)", int: "int", float: "number", str: "str", list: "list", dict: "mapping"}.get(
+        kind, str(kind)
+    )

@@ -1,0 +1,190 @@
+"""The critic of StarPO's PPO backbone: a value head on the policy's backbone, or a separate value model.
+
+The critic is registered as a sub-module ``ragen_critic`` of the policy model, and the policy's ``forward`` learns an
+extra keyword, ``return_values=True``, which adds a ``values`` tensor ``[B, L]`` to the output (the value of the
+state *after* reading token ``t``, so ``values[:, t-1]`` is the baseline of token ``t``); see
+:func:`install_policy_forward`, which also adds the memory-saving ``logits_mask``. Keeping policy and critic
+in one module, called through one ``forward``, is what lets ``accelerate``/DDP/DeepSpeed wrap, shard and
+all-reduce both without any special case (this is how TRL adds its fused LM head, too). The checkpoint code saves the
+policy without the critic in Hugging Face format and the critic next to it (:data:`CRITIC_FILE`).
+
+* ``value_head``: one linear layer on the policy's last hidden state (shared backbone, like TRL's old
+  ``AutoModelForCausalLMWithValueHead``); the value loss also shapes the backbone.
+* ``value_model``: a deep copy of the policy's backbone with its own head (the reference code's separate critic);
+  twice the memory, no interference with the policy.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers.utils import ModelOutput
+
+#: Name of the critic sub-module on the policy model, and prefix of its keys in ``state_dict``.
+CRITIC_ATTR = "ragen_critic"
+#: File the critic's weights are saved to, inside a checkpoint folder.
+CRITIC_FILE = "critic.safetensors"
+CRITIC_KINDS: tuple[str, ...] = ("value_head", "value_model")
+
+
+def _hidden_size(model: nn.Module) -> int:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for name in ("hidden_size", "n_embd", "d_model"):
+        if getattr(cfg, name, None):
+            return int(getattr(cfg, name))
+    raise ValueError(f"cannot find the hidden size of {type(model).__name__} (no hidden_size/n_embd/d_model)")
+
+
+class ValueHead(nn.Module):
+    """``V(s_t) = w . h_t + b`` on the policy's last hidden state. Zero-initialised: every value starts at 0."""
+
+    kind = "value_head"
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.summary = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.summary.weight)
+        nn.init.zeros_(self.summary.bias)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.summary(hidden_states.to(self.summary.weight.dtype)).squeeze(-1)
+
+
+class ValueModel(nn.Module):
+    """A separate value network: a copy of the policy's backbone (transformer without LM head) plus a linear head."""
+
+    kind = "value_model"
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = ValueHead(hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return self.head(out.last_hidden_state)
+
+
+def attach_critic(model: nn.Module, kind: str) -> nn.Module:
+    """Register a critic of ``kind`` on ``model`` (a transformers causal LM) and install the policy forward that
+    can return values (:func:`install_policy_forward`). Idempotent: an existing critic is kept. Returns the critic."""
+    if kind not in CRITIC_KINDS:
+        raise ValueError(f"invalid argument critic={kind!r}: expected one of {list(CRITIC_KINDS)}")
+    install_policy_forward(model)
+    existing = getattr(model, CRITIC_ATTR, None)
+    if existing is not None:
+        return existing
+    hidden = _hidden_size(model)
+    if kind == "value_head":
+        critic: nn.Module = ValueHead(hidden)
+    else:
+        critic = ValueModel(copy.deepcopy(model.get_decoder() if hasattr(model, "get_decoder") else model.base_model),
+                            hidden)
+    param = next(model.parameters())
+    critic.to(device=param.device, dtype=param.dtype if kind == "value_model" else torch.float32)
+    model.add_module(CRITIC_ATTR, critic)
+    return critic
+
+
+def install_policy_forward(model: nn.Module) -> None:
+    """Teach ``model.forward`` two keywords (idempotent; without them the forward is the original one):
+
+    * ``logits_mask`` (bool ``[B, L]``): run the backbone, then the LM head only on the selected positions, and
+      return ``selected_logits`` ``[n, vocab]`` (row-major order of the mask) instead of ``[B, L, vocab]`` logits.
+      Multi-turn conversations are mostly prompt and environment text, and vocabularies are large (Qwen: 151k), so
+      this is what keeps the trainer's memory proportional to the model's own tokens (TRL's fused LM head does the
+      same for its single-turn case).
+    * ``return_values=True``: add the critic's ``values`` ``[B, L]``.
+
+    Both happen inside ``forward``, so DDP / DeepSpeed see one ordinary forward call.
+    """
+    if getattr(model, "_ragen_forward_installed", False):
+        return
+    original_forward = model.forward
+    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    softcap = getattr(text_config, "final_logit_softcapping", None)
+    scale = getattr(text_config, "logit_scale", None)
+
+    @functools.wraps(type(model).forward)
+    def forward(*args: Any, return_values: bool = False, logits_mask: torch.Tensor | None = None,
+                **kwargs: Any) -> Any:
+        if logits_mask is None and not return_values:
+            return original_forward(*args, **kwargs)
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        head = getattr(model, CRITIC_ATTR, None)
+        if logits_mask is None:  # full logits plus values
+            kwargs["output_hidden_states"] = True
+            out = original_forward(*args, **kwargs)
+            hidden = out.hidden_states[-1]
+        else:
+            decoder = model.get_decoder()
+            out = decoder(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), use_cache=False)
+            hidden = out.last_hidden_state
+            logits = model.get_output_embeddings()(hidden[logits_mask.bool()])
+            if scale is not None:
+                logits = logits * scale
+            if softcap is not None:
+                logits = torch.tanh(logits / softcap) * softcap
+            out = ModelOutput(selected_logits=logits)
+        if return_values:
+            if head is None:
+                raise ValueError("return_values=True needs a critic: call attach_critic(model, kind) first")
+            if isinstance(head, ValueHead):
+                out["values"] = head(hidden)
+            else:
+                out["values"] = head(input_ids, kwargs.get("attention_mask"))
+        return out
+
+    model.forward = forward
+    model._ragen_forward_installed = True
+
+
+def policy_copy(model: nn.Module) -> nn.Module:
+    """A deep copy of the policy without its critic and with the plain ``forward`` (e.g. the frozen reference):
+    a copied patched ``forward`` would still call the original model."""
+    clone = copy.deepcopy(model)
+    clone.__dict__.pop("forward", None)
+    clone.__dict__.pop("_ragen_forward_installed", None)
+    if getattr(clone, CRITIC_ATTR, None) is not None:
+        delattr(clone, CRITIC_ATTR)
+    return clone
+
+
+def get_critic(model: nn.Module) -> nn.Module | None:
+    return getattr(model, CRITIC_ATTR, None)
+
+
+def split_state_dict(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(policy_state, critic_state)``: the critic's keys (prefix ``ragen_critic.``) go to the second, unprefixed."""
+    prefix = CRITIC_ATTR + "."
+    policy = {k: v for k, v in state_dict.items() if not k.startswith(prefix) and f".{prefix}" not in k}
+    critic = {}
+    for k, v in state_dict.items():
+        if k.startswith(prefix):
+            critic[k[len(prefix):]] = v
+        elif f".{prefix}" in k:  # wrapped (e.g. a PEFT base_model.model.ragen_critic...)
+            critic[k.split(f".{prefix}", 1)[1]] = v
+    return policy, critic
+
+
+def save_critic(critic_state: dict[str, torch.Tensor], folder: str | Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in critic_state.items()}, str(Path(folder) / CRITIC_FILE))
+
+
+def load_critic(model: nn.Module, folder: str | Path) -> bool:
+    """Load ``critic.safetensors`` from ``folder`` into ``model``'s critic; ``False`` when either is missing."""
+    critic = get_critic(model)
+    path = Path(folder) / CRITIC_FILE
+    if critic is None or not path.is_file():
+        return False
+    from safetensors.torch import load_file
+
+    critic.load_state_dict(load_file(str(path), device=str(next(critic.parameters()).device)))
+    return True

@@ -1,0 +1,128 @@
+"""The losses of StarPO / StarPO-S: clipped policy loss with decoupled clipping, KL to a reference, entropy bonus,
+clipped value loss, and how token losses are averaged.
+
+All per-token tensors are ``[B, T]`` with a ``mask`` that is 1 on the model's own tokens. Every aggregate takes an
+optional ``normalizer``: when a batch is split into micro-batches (and over processes), passing the whole batch's
+token (or sequence) count makes the micro-batch losses sum to exactly the loss of the whole batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", normalizer: float | None = None):
+    """Reduce per-token ``loss`` over ``mask``.
+
+    * ``token-mean``: sum over all model tokens / number of model tokens (DAPO's choice; the reference default);
+    * ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (the original GRPO);
+    * ``seq-mean-token-sum``: mean over sequences of each sequence's token sum (Dr. GRPO style).
+
+    ``normalizer`` replaces the denominator (token count for ``token-mean``, sequence count otherwise).
+    """
+    m = mask.to(loss.dtype)
+    if mode == "token-mean":
+        denom = m.sum().clamp(min=1.0) if normalizer is None else normalizer
+        return (loss * m).sum() / denom
+    if mode == "seq-mean-token-mean":
+        per_seq = (loss * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+    elif mode == "seq-mean-token-sum":
+        per_seq = (loss * m).sum(-1)
+    else:
+        raise ValueError(f"invalid argument loss_agg_mode={mode!r}: expected one of {list(AGG_MODES)}")
+    has_tokens = (m.sum(-1) > 0).to(loss.dtype)
+    denom = has_tokens.sum().clamp(min=1.0) if normalizer is None else normalizer
+    return (per_seq * has_tokens).sum() / denom
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    agg_mode: str = "token-mean",
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) with decoupled clipping (DAPO's clip-higher; StarPO-S):
+
+        ratio_t = exp(log pi(a_t|s_t) - log pi_old(a_t|s_t))
+        L_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_t)
+
+    Returns the aggregated loss and detached stats (``clipfrac``, ``clipfrac_high``, ``clipfrac_low``,
+    ``approx_kl`` = mean of ``old - new`` log-probs, ``ratio_mean``), each a token mean over the mask.
+    """
+    log_ratio = logprobs - old_logprobs
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)
+    loss = agg_loss(per_token, mask, agg_mode, normalizer)
+    m = mask.float()
+    n = m.sum().clamp(min=1.0)
+    with torch.no_grad():
+        high = ((ratio > 1.0 + clip_high) & (advantages > 0)).float()
+        low = ((ratio < 1.0 - clip_low) & (advantages < 0)).float()
+        stats = {
+            "clipfrac": ((high + low) * m).sum() / n,
+            "clipfrac_high": (high * m).sum() / n,
+            "clipfrac_low": (low * m).sum() / n,
+            "approx_kl": (-log_ratio * m).sum() / n,
+            "ratio_mean": (ratio * m).sum() / n,
+        }
+    return loss, stats
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman, "Approximating KL Divergence"):
+
+    * ``k1``: ``log pi - log pi_ref`` (unbiased, high variance, can be negative);
+    * ``k3``: ``exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1`` (unbiased, >= 0; the reference's
+      ``low_var_kl``, clamped to [-10, 10] as there).
+    """
+    if estimator == "k1":
+        return logprobs - ref_logprobs
+    if estimator == "k3":
+        delta = torch.clamp(ref_logprobs - logprobs, -20.0, 20.0)
+        return torch.clamp(torch.exp(delta) - delta - 1.0, -10.0, 10.0)
+    raise ValueError(f"invalid argument kl_estimator={estimator!r}: expected 'k1' or 'k3'")
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Per-position entropy of the categorical distribution ``softmax(logits)``: ``logsumexp(z) - sum(p * z)``."""
+    logits = logits.float()
+    log_z = torch.logsumexp(logits, dim=-1)
+    probs = torch.softmax(logits, dim=-1)
+    return log_z - (probs * logits).sum(-1)
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float = 0.5,
+    agg_mode: str = "token-mean",
+    normalizer: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Clipped value loss (PPO2 / the reference's critic):
+
+        V_clip = V_old + clip(V - V_old, -clip, clip)
+        L_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)
+
+    Returns the aggregated loss and stats (``vf_clipfrac``: share of tokens where the clipped term was larger).
+    """
+    clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+    loss_unclipped = (values - returns) ** 2
+    loss_clipped = (clipped - returns) ** 2
+    per_token = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
+    loss = agg_loss(per_token, mask, agg_mode, normalizer)
+    m = mask.float()
+    with torch.no_grad():
+        stats = {"vf_clipfrac": ((loss_clipped > loss_unclipped).float() * m).sum() / m.sum().clamp(min=1.0)}
+    return loss, stats

@@ -1,0 +1,792 @@
+"""StarPO / StarPO-S on the Hugging Face ``Trainer`` (the base every TRL trainer builds on).
+
+One training step, top to bottom (the paper's Algorithm 1, with StarPO-S's parts switched by the config):
+
+1. **Rollout** -- P initial states (env seeds) x N rollouts each, multi-turn, with the current policy
+   (:func:`ragen_trainer.rollout.collect_rollouts`). With several processes each one rolls out its share of the
+   groups and the trajectories are gathered, so every process holds the same batch.
+2. **Filter** (StarPO-S) -- keep the top ``filter_ratio`` of groups by in-group reward std
+   (:mod:`ragen_trainer.filtering`). Filtered groups are dropped *here*: no scoring forward, no backward.
+3. **Score** -- one no-grad forward over the kept trajectories (sharded over processes) for the old log-probs, the
+   reference log-probs (when ``kl_coef > 0``) and the critic's values.
+4. **Advantages** -- GRPO, GAE or bi-level GAE (:mod:`ragen_trainer.advantages`) over the kept batch.
+5. **Update** -- micro-batches of kept trajectories through ``Trainer``'s gradient-accumulation loop; the loss
+   (:mod:`ragen_trainer.losses`) is clipped PPO with decoupled clipping, entropy bonus, optional KL, and the clipped
+   value loss, normalised by the whole batch's token count so micro-batches and processes add up exactly.
+
+Why ``transformers.Trainer`` and not ``trl.GRPOTrainer``: GRPOTrainer's step is built around one prompt -> one
+completion with scalar rewards from reward functions, a prompt dataset fed through its ``RepeatSampler``, and a
+fused LM head that returns log-probs but no hidden states; multi-turn groups, group filtering before scoring, and a
+critic would each need most of its methods replaced. The parts TRL adds on top of ``Trainer`` that we need are
+reused directly (``unwrap_model_for_generation`` for ZeRO-3 generation, ``prepare_deepspeed`` for the reference
+model), and everything that makes ``accelerate launch``, DDP and DeepSpeed work comes from ``Trainer`` unchanged.
+
+Multi-process rules kept here: every collective (gather of trajectories and scores, metric reduction) is called on
+every process in the same order; only the main process writes files; every process runs the same number of
+micro-batches per step (a process with nothing to train gets a zero-weight micro-batch, so DDP's all-reduce meets).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+from ragen_trainer.advantages import bilevel_gae_advantages, gae_advantages, grpo_advantages, masked_whiten
+from ragen_trainer.config import StarPOConfig
+from ragen_trainer.critic import (
+    CRITIC_ATTR,
+    attach_critic,
+    install_policy_forward,
+    load_critic,
+    policy_copy,
+    save_critic,
+    split_state_dict,
+)
+from ragen_trainer.filtering import filter_groups
+from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from ragen_trainer.rollout import placed_rewards
+from ragen_trainer.trajectory import Trajectory
+
+#: Validation initial states come from their own seed range, never drawn for training.
+VAL_SEED_BASE = 1_000_000_000
+#: Training seeds of step s are ``TRAIN_SEED_STRIDE * seed + s * env_groups + g``.
+TRAIN_SEED_STRIDE = 10_000_019
+
+
+@dataclass
+class TrainResult:
+    """What :meth:`StarPOTrainer.train` returns (and ``summary.json`` holds)."""
+
+    global_step: int
+    interrupted: bool
+    checkpoint: str | None
+    final_model: str | None
+    metrics: dict[str, float] = field(default_factory=dict)
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class _StepDataset(Dataset):
+    """One item per micro-batch of one optimizer step: the data is the env, not a dataset, so items are placeholders
+    that only drive ``Trainer``'s loop (one epoch = one step; ``max_steps`` sets the length)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> dict[str, int]:
+        return {"index": index}
+
+
+def _identity_collator(features: list[dict[str, int]]) -> list[dict[str, int]]:
+    return features
+
+
+class _QuietProgress(ProgressCallback):
+    """The step progress bar without the raw ``logs`` dicts (the metrics logger prints a table instead)."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return None
+
+
+def micro_batch_count(config: StarPOConfig, world_size: int) -> int:
+    """Micro-batches per optimizer step on each process: the kept trajectories split into ``micro_batch_size``."""
+    kept = config.kept_groups * config.group_size
+    return max(1, math.ceil(kept / (world_size * config.micro_batch_size)))
+
+
+def build_training_arguments(config: StarPOConfig, world_size: int, **overrides: Any) -> TrainingArguments:
+    """The ``transformers.TrainingArguments`` a :class:`StarPOConfig` implies (``overrides`` win)."""
+    ppo = config.ppo_epochs
+    kwargs: dict[str, Any] = dict(
+        output_dir=config.output_dir,
+        max_steps=config.total_steps * ppo,
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=micro_batch_count(config, world_size),
+        learning_rate=config.actor_lr,
+        weight_decay=config.weight_decay,
+        warmup_steps=config.warmup_steps,
+        lr_scheduler_type=config.lr_scheduler_type,
+        max_grad_norm=config.max_grad_norm,
+        logging_steps=config.logging_steps * ppo,
+        logging_strategy="steps",
+        save_strategy="steps" if config.save_steps > 0 else "no",
+        save_steps=max(1, config.save_steps * ppo),
+        save_total_limit=config.save_total_limit or None,
+        seed=config.seed,
+        report_to="none",  # ragen's MetricsLogger writes JSONL / TensorBoard / wandb itself
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        deepspeed=config.deepspeed or None,
+        include_num_input_tokens_seen="no",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=config.dtype == "bfloat16" or (config.dtype == "auto" and torch.cuda.is_available()
+                                            and torch.cuda.is_bf16_supported()),
+        fp16=config.dtype == "float16",
+        disable_tqdm=False,
+    )
+    if config.gradient_checkpointing:  # only when asked: the argument is being renamed in transformers
+        kwargs["gradient_checkpointing"] = True
+    kwargs.update(overrides)
+    return TrainingArguments(**kwargs)
+
+
+def _pad(rows: list[list[float]] | list[list[int]], width: int, value: float, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, row in enumerate(rows):
+        if row:
+            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def _turn_ends(traj: Trajectory) -> list[int]:
+    """Action positions (``input_ids`` index - 1) of the last token of each reply."""
+    return [end - 2 for start, end in traj.turn_spans if end - start >= 1 and end >= 2]
+
+
+class StarPOTrainer(Trainer):
+    """StarPO / StarPO-S trainer. See the module docstring for the step.
+
+    Args:
+        config: the run's :class:`~ragen_trainer.config.StarPOConfig` (validated here).
+        model: the policy, a ``transformers`` causal LM (a critic is attached to it when the config asks for one).
+        tokenizer: its tokenizer, with a chat template.
+        engine: the generation engine for rollouts; default an :class:`~ragen_trainer.engines.hf.HFEngine` on the
+            policy itself (on-policy by construction). A vLLM engine gets the new weights through
+            ``engine.update_weights(model)`` before every rollout.
+        ref_model: the frozen reference policy for the KL term; default a copy of ``model`` made before training.
+        callbacks: extra ``TrainerCallback`` objects.
+        training_args: overrides of the ``TrainingArguments`` built from the config.
+    """
+
+    # compute_loss already normalises by the whole batch (see _loss_normalizers): Trainer must not divide again.
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        config: StarPOConfig,
+        model: Any,
+        tokenizer: Any,
+        *,
+        engine: Any = None,
+        ref_model: Any = None,
+        callbacks: list[TrainerCallback] | None = None,
+        training_args: dict[str, Any] | None = None,
+    ) -> None:
+        from accelerate import PartialState
+
+        self.cfg = config.validate()
+        if getattr(tokenizer, "pad_token_id", None) is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        world = PartialState().num_processes
+        self.n_micro = micro_batch_count(config, world)
+
+        # The reference policy is copied before a critic is attached (the copy must not carry one).
+        if config.kl_coef > 0 and ref_model is None:
+            ref_model = policy_copy(model)
+        if config.use_critic:
+            attach_critic(model, config.critic)
+        install_policy_forward(model)
+        if ref_model is not None:
+            install_policy_forward(ref_model)
+
+        args = build_training_arguments(config, world, **(training_args or {}))
+        super().__init__(
+            model=model,
+            args=args,
+            train_dataset=_StepDataset(self.n_micro * args.per_device_train_batch_size * world),
+            processing_class=tokenizer,
+            data_collator=_identity_collator,
+            callbacks=callbacks,
+        )
+        self.remove_callback(PrinterCallback)
+        self.remove_callback(ProgressCallback)
+        self.add_callback(_QuietProgress)
+        self.tokenizer = tokenizer
+
+        self.ref_model = None
+        if ref_model is not None:
+            ref_model.eval().requires_grad_(False)
+            if self.is_deepspeed_enabled:
+                from trl.models.utils import prepare_deepspeed
+
+                self.ref_model = prepare_deepspeed(ref_model, self.accelerator)
+            else:
+                self.ref_model = ref_model.to(self.accelerator.device)
+
+        if engine is None:
+            from ragen_trainer.engines.hf import HFEngine
+
+            engine = HFEngine(model, tokenizer, batch_size=config.generation_batch_size)
+        self.engine = engine
+
+        self._buffer: list[dict[str, Any]] | None = None
+        self._micro = 0
+        self._step_stats: dict[str, list[float]] = defaultdict(list)
+        self._pending: dict[str, float] = {}
+        self._timings: dict[str, float] = defaultdict(float)
+        self.history: list[dict[str, float]] = []
+        self.val_history: list[dict[str, float]] = []
+        self._monitor = None
+        self._logger = None
+        self._last_logged_step = -1
+
+    # ------------------------------------------------------------------------------------------ optimizer
+    def create_optimizer(self, model: Any = None) -> Any:
+        """AdamW with two parameter groups: the policy at ``actor_lr``, the critic at ``critic_lr``."""
+        if self.optimizer is not None:
+            return self.optimizer
+        net = self.model
+        actor = [p for n, p in net.named_parameters() if p.requires_grad and CRITIC_ATTR not in n]
+        critic = [p for n, p in net.named_parameters() if p.requires_grad and CRITIC_ATTR in n]
+        groups = [{"params": actor, "lr": self.cfg.actor_lr, "weight_decay": self.cfg.weight_decay}]
+        if critic:
+            groups.append({"params": critic, "lr": self.cfg.critic_lr, "weight_decay": self.cfg.weight_decay})
+        optimizer_cls, optimizer_kwargs = Trainer.get_optimizer_cls_and_kwargs(self.args, net)
+        optimizer_kwargs = {k: v for k, v in optimizer_kwargs.items() if k not in ("lr", "weight_decay")}
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    # ------------------------------------------------------------------------------------------ the step
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        t0 = time.perf_counter()
+        self._prepare_seconds = 0.0
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # forward + backward of the loss only (the rollout, done inside _prepare_inputs, is timed on its own)
+        update = time.perf_counter() - t0 - self._prepare_seconds
+        self._timings["time/update"] = self._timings.get("time/update", 0.0) + update
+        self._micro += 1
+        if self._micro % self.n_micro == 0:
+            self._finish_step_stats()
+        return loss
+
+    def _prepare_inputs(self, inputs: Any) -> dict[str, Any]:
+        micro = self._micro % self.n_micro
+        if micro == 0 and (self._buffer is None or self.state.global_step % self.cfg.ppo_epochs == 0):
+            t0 = time.perf_counter()
+            self._buffer = self._rollout_step()
+            self._prepare_seconds = time.perf_counter() - t0
+        assert self._buffer is not None
+        return {k: (v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v)
+                for k, v in self._buffer[micro].items()}
+
+    def _rollout_step(self) -> list[dict[str, Any]]:
+        cfg = self.cfg
+        step = self.state.global_step // cfg.ppo_epochs
+        if cfg.val_every and step % cfg.val_every == 0:
+            self._pending.update(self.validate(step))
+
+        t0 = time.perf_counter()
+        seeds = step_seeds(cfg, step)
+        trajs, timings = self._collect(seeds, cfg.group_size, cfg.temperature, sampling_seed=cfg.seed * 7919 + step)
+        self._timings.update({f"time/{k}": v for k, v in timings.items()})
+        self._timings["time/rollout"] = time.perf_counter() - t0
+        metrics = self._rollout_metrics(trajs)
+
+        # StarPO-S filtering: before any scoring, so dropped groups cost neither forward nor backward passes.
+        groups: dict[int, list[float]] = defaultdict(list)
+        for t in trajs:
+            groups[t.group_id].append(t.reward)
+        result = filter_groups(groups, cfg.filter_ratio, cfg.filter_mode)
+        kept_ids = set(result.kept)
+        kept = [t for t in trajs if t.group_id in kept_ids]
+        if any(t.eval_only for t in kept):
+            raise ValueError("the engine returned text-only (eval_only) trajectories; train with engine hf or vllm")
+        metrics.update(result.stats)
+        metrics["filter/kept_ratio"] = len(result.kept) / max(len(groups), 1)
+        metrics["filter/kept_trajectories"] = float(len(kept))
+
+        t1 = time.perf_counter()
+        scores = self._score(kept)
+        self._timings["time/scoring"] = time.perf_counter() - t1
+        batch = self._advantages(kept, scores)
+        metrics.update(batch.pop("metrics"))
+        self._pending.update(metrics)
+        return self._micro_batches(batch)
+
+    # ------------------------------------------------------------------------------------------ 1. rollout
+    def _collect(self, seeds: list[int], group_size: int, temperature: float, *,
+                 sampling_seed: int) -> tuple[list[Trajectory], dict[str, float]]:
+        """Roll out ``seeds`` x ``group_size``: this process's share of the groups, then gathered everywhere."""
+        from trl.models.utils import unwrap_model_for_generation
+
+        from ragen_trainer.engines.base import SamplingParams
+        from ragen_trainer.rollout import collect_rollouts
+
+        cfg = self.cfg
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        local = list(range(rank, len(seeds), world))
+        env_kwargs = dict(cfg.env_kwargs)
+        env_kwargs.setdefault("enable_think", cfg.enable_think)
+        if cfg.actions_per_turn:
+            env_kwargs.setdefault("actions_per_turn", cfg.actions_per_turn)
+        params = SamplingParams(
+            temperature=temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=(sampling_seed * 131 + rank) % (2**31),
+        )
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        timings: dict[str, float] = {}
+        trajs: list[Trajectory] = []
+        if local:
+            with unwrap_model_for_generation(model, self.accelerator) as unwrapped:
+                self._sync_engine(unwrapped)
+                batch = collect_rollouts(
+                    self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local], group_size,
+                    env_kwargs=env_kwargs, max_turns=cfg.max_turns, sampling=params,
+                    max_context_tokens=cfg.max_context_tokens, progress=self.accelerator.is_main_process,
+                )
+            for t in batch.trajectories:  # local group index -> global group index
+                t.group_id = local[t.group_id]
+            trajs, timings = batch.trajectories, dict(batch.timings)
+        else:
+            with unwrap_model_for_generation(model, self.accelerator) as unwrapped:
+                self._sync_engine(unwrapped)  # take part in ZeRO-3's gather even with no groups of our own
+        if world > 1:
+            from accelerate.utils import gather_object
+
+            trajs = gather_object(trajs)
+            trajs.sort(key=lambda t: t.group_id)  # stable: rollouts keep their order inside a group
+        return trajs, timings
+
+    def _sync_engine(self, unwrapped: Any) -> None:
+        """Give the engine the current weights. An in-process engine (hf, vLLM colocate) gets them on every
+        process; a vLLM *server* is shared, so only the main process pushes, and everyone waits for the push."""
+        server = getattr(self.engine, "mode", None) == "server"
+        if getattr(self.engine, "name", "") == "hf":
+            self.engine.update_weights(unwrapped)
+        elif not server or self.accelerator.is_main_process:
+            self.engine.update_weights(_PolicyView(unwrapped))
+        if server and self.accelerator.num_processes > 1:
+            self.accelerator.wait_for_everyone()
+
+    def _rollout_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
+        from ragen_trainer.monitor import rollout_metrics
+        from ragen_trainer.trajectory import RolloutBatch
+
+        return {k: float(v) for k, v in rollout_metrics(RolloutBatch(trajs), self.tokenizer).items()
+                if isinstance(v, (int, float))}
+
+    # ------------------------------------------------------------------------------------------ 3. score
+    @torch.no_grad()
+    def _score(self, kept: list[Trajectory]) -> dict[str, list[list[float]]]:
+        """Old log-probs, reference log-probs and values of the kept trajectories (per action position)."""
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        mine = list(range(rank, len(kept), world))
+        out: dict[int, dict[str, list[float]]] = {}
+        model = self.model_wrapped if self.model_wrapped is not None else self.model
+        was_training = model.training
+        model.eval()
+        try:
+            size = self.cfg.micro_batch_size
+            for start in range(0, max(len(mine), 1), size):
+                chunk = mine[start : start + size]
+                if not chunk:
+                    break
+                trajs = [kept[i] for i in chunk]
+                ids, attn = self._pack(trajs)
+                mask = _pad([list(t.loss_mask[1:]) for t in trajs], ids.shape[1] - 1, 0, torch.long)
+                ids, attn, mask = (x.to(self.accelerator.device) for x in (ids, attn, mask))
+                logp, _, values = self._forward(model, ids, attn, entropy=False, values=self.cfg.use_critic, mask=mask)
+                ref = None
+                if self.ref_model is not None:
+                    ref, _, _ = self._forward(self.ref_model, ids, attn, entropy=False, values=False, mask=mask)
+                for row, i in enumerate(chunk):
+                    n = len(kept[i].input_ids) - 1
+                    out[i] = {"old_logprobs": logp[row, :n].float().cpu().tolist()}
+                    if ref is not None:
+                        out[i]["ref_logprobs"] = ref[row, :n].float().cpu().tolist()
+                    if values is not None:
+                        out[i]["values"] = values[row, :n].float().cpu().tolist()
+        finally:
+            if was_training:
+                model.train()
+        items = list(out.items())
+        if world > 1:
+            from accelerate.utils import gather_object
+
+            items = gather_object(items)
+        merged = dict(items)
+        keys = ("old_logprobs", "ref_logprobs", "values")
+        return {k: [merged[i][k] for i in range(len(kept))] for k in keys if kept and k in merged[0]}
+
+    def _pack(self, trajs: list[Trajectory]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(t.input_ids) for t in trajs)
+        pad = self.tokenizer.pad_token_id
+        ids = _pad([list(t.input_ids) for t in trajs], width, pad, torch.long)
+        attn = _pad([[1] * len(t.input_ids) for t in trajs], width, 0, torch.long)
+        return ids, attn
+
+    def _forward(self, model: Any, ids: torch.Tensor, attn: torch.Tensor, *, entropy: bool, values: bool,
+                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Per action position (token t+1 given tokens <= t): log-prob at the sampling temperature, entropy, value.
+
+        Only the positions in ``mask`` (the model's own tokens) go through the LM head and the softmax, so prompt and
+        environment tokens never cost a ``[tokens, vocab]`` tensor."""
+        sel = mask.bool()
+        logits_mask = torch.zeros_like(ids, dtype=torch.bool)
+        logits_mask[:, :-1] = sel
+        kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": attn, "logits_mask": logits_mask}
+        if values:
+            kwargs["return_values"] = True
+        out = model(**kwargs)
+        targets = ids[:, 1:]
+        chosen = out["selected_logits"].float() / self.cfg.temperature
+        logp_sel = torch.log_softmax(chosen, dim=-1).gather(-1, targets[sel].unsqueeze(-1)).squeeze(-1)
+        logp = torch.zeros(targets.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(sel, logp_sel)
+        ent = None
+        if entropy:
+            ent_sel = entropy_from_logits(chosen)
+            ent = torch.zeros(targets.shape, dtype=ent_sel.dtype, device=ent_sel.device).masked_scatter(sel, ent_sel)
+        vals = out["values"][:, :-1].float() if values else None
+        return logp, ent, vals
+
+    # ------------------------------------------------------------------------------------------ 4. advantages
+    def _advantages(self, kept: list[Trajectory], scores: dict[str, list[list[float]]]) -> dict[str, Any]:
+        cfg = self.cfg
+        width = max(len(t.input_ids) for t in kept) - 1
+        mask = _pad([list(t.loss_mask[1:]) for t in kept], width, 0, torch.float32)
+        ends = [_turn_ends(t) for t in kept]
+        # Token rewards on action positions (input position - 1); rollout.placed_rewards puts them on reply tokens.
+        rewards = _pad([placed_rewards(t, cfg.reward_placement)[1:] for t in kept], width, 0.0, torch.float32)
+        values = None
+        if cfg.adv_estimator == "grpo":
+            returns_traj = torch.tensor([t.reward for t in kept], dtype=torch.float32)
+            adv_traj = grpo_advantages(returns_traj, [t.group_id for t in kept], norm_by_std=cfg.grpo_norm_by_std)
+            advantages = adv_traj[:, None] * mask
+            returns = torch.zeros_like(mask)
+        else:
+            values = _pad(scores["values"], width, 0.0, torch.float32) * mask
+            if cfg.adv_estimator == "gae":
+                advantages, returns = gae_advantages(rewards, values, mask, gamma=cfg.gamma, lam=cfg.lam)
+            else:
+                advantages, returns = bilevel_gae_advantages(rewards, values, mask, ends, gamma=cfg.gamma,
+                                                             lam=cfg.lam, turn_gamma=cfg.turn_gamma,
+                                                             turn_lam=cfg.turn_lam)
+            if cfg.whiten_advantages:
+                advantages = masked_whiten(advantages, mask)
+        n_tok = float(mask.sum())
+        metrics = {
+            "adv/mean": float((advantages * mask).sum() / max(n_tok, 1.0)),
+            "adv/abs_mean": float((advantages.abs() * mask).sum() / max(n_tok, 1.0)),
+            "batch/model_tokens": n_tok,
+        }
+        if values is not None:
+            metrics["critic/values_mean"] = float((values * mask).sum() / max(n_tok, 1.0))
+            metrics["critic/returns_mean"] = float((returns * mask).sum() / max(n_tok, 1.0))
+        return {
+            "kept": kept,
+            "mask": mask,
+            "advantages": advantages,
+            "returns": returns,
+            "values": values,
+            "old_logprobs": scores["old_logprobs"],
+            "ref_logprobs": scores.get("ref_logprobs"),
+            "metrics": metrics,
+        }
+
+    # ------------------------------------------------------------------------------------------ 5. micro-batches
+    def _micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        kept: list[Trajectory] = batch["kept"]
+        rank, world = self.accelerator.process_index, self.accelerator.num_processes
+        mine = list(range(rank, len(kept), world))
+        total_tokens = float(batch["mask"].sum())
+        n_seqs = float((batch["mask"].sum(-1) > 0).sum())
+        # Each process divides by its share of the global count; DDP then averages over processes, so the summed
+        # gradient equals the gradient of the loss averaged over every kept model token of the step.
+        norm = (total_tokens if self.cfg.loss_agg_mode == "token-mean" else n_seqs) / world
+        chunks = [list(c) for c in np.array_split(np.array(mine, dtype=np.int64), self.n_micro)]
+        out = []
+        for chunk in chunks:
+            weight = 1.0
+            if not chunk:  # nothing left for this micro-batch: a zero-weight one keeps DDP's collectives in step
+                chunk, weight = [mine[0] if mine else 0], 0.0
+            trajs = [kept[i] for i in chunk]
+            ids, attn = self._pack(trajs)
+            w = ids.shape[1] - 1
+
+            def rows(t: torch.Tensor | None, _chunk: list[int] = chunk, _w: int = w) -> torch.Tensor | None:
+                return None if t is None else t[_chunk, :_w].clone()
+
+            mb = {
+                "input_ids": ids,
+                "attention_mask": attn,
+                "mask": rows(batch["mask"]) * weight,
+                "advantages": rows(batch["advantages"]),
+                "returns": rows(batch["returns"]),
+                "old_values": rows(batch["values"]),
+                "old_logprobs": _pad([batch["old_logprobs"][i] for i in chunk], w, 0.0, torch.float32),
+                "ref_logprobs": None if batch["ref_logprobs"] is None
+                else _pad([batch["ref_logprobs"][i] for i in chunk], w, 0.0, torch.float32),
+                "normalizer": max(norm, 1e-8),
+            }
+            out.append(mb)
+        return out
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> torch.Tensor:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        mask = inputs["mask"]
+        norm = inputs["normalizer"]
+        logp, ent, values = self._forward(model, inputs["input_ids"], inputs["attention_mask"], entropy=True,
+                                          values=cfg.use_critic, mask=mask > 0)
+        pg, pg_stats = policy_loss(logp, inputs["old_logprobs"], inputs["advantages"], mask, clip_low=cfg.clip_low,
+                                   clip_high=cfg.clip_high, agg_mode=cfg.loss_agg_mode, normalizer=norm)
+        ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, norm)
+        loss = pg - cfg.entropy_coef * ent_loss
+        stats = {"loss/policy": pg.detach(), "policy/entropy": ent_loss.detach()}
+        if inputs.get("ref_logprobs") is not None and cfg.kl_coef > 0:
+            kl = agg_loss(kl_penalty(logp, inputs["ref_logprobs"], cfg.kl_estimator), mask, cfg.loss_agg_mode, norm)
+            loss = loss + cfg.kl_coef * kl
+            stats["policy/kl"] = kl.detach()
+        if values is not None:
+            vf, vf_stats = value_loss(values, inputs["old_values"], inputs["returns"], mask, clip=cfg.value_clip,
+                                      agg_mode=cfg.loss_agg_mode, normalizer=norm)
+            loss = loss + cfg.value_loss_coef * vf
+            stats["loss/value"] = vf.detach()
+            stats["critic/vf_clipfrac"] = vf_stats["vf_clipfrac"]
+        # Sums over micro-batches give the step's value (losses are pre-normalised); ratios are token-weighted.
+        n_tok = float(mask.sum())
+        for k, v in stats.items():
+            self._step_stats["sum:" + k].append(float(v))
+        for k in ("clipfrac", "clipfrac_high", "clipfrac_low", "approx_kl"):
+            self._step_stats["tok:policy/" + k].append(float(pg_stats[k]) * n_tok)
+        self._step_stats["tokens"].append(n_tok)
+        self._timings["time/forward_loss"] = self._timings.get("time/forward_loss", 0.0) + time.perf_counter() - t0
+        return loss
+
+    def _finish_step_stats(self) -> None:
+        """Reduce this step's loss statistics over micro-batches and processes into the pending metrics."""
+        stats = self._step_stats
+        keys = sorted(k for k in stats if k != "tokens")
+        local = torch.tensor([sum(stats[k]) for k in keys] + [sum(stats["tokens"])], dtype=torch.float64,
+                             device=self.accelerator.device)
+        total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
+        tokens = float(total[-1])
+        world = self.accelerator.num_processes
+        for i, k in enumerate(keys):
+            kind, name = k.split(":", 1)
+            # sum: each process holds its share of a global mean (normalised by global count / world)
+            self._pending[name] = float(total[i]) / world if kind == "sum" else float(total[i]) / max(tokens, 1.0)
+        self._step_stats = defaultdict(list)
+
+    # ------------------------------------------------------------------------------------------ validation
+    def validate(self, step: int | None = None) -> dict[str, float]:
+        """Success and reward on ``val_groups`` fixed initial states, one rollout each at ``val_temperature``."""
+        cfg = self.cfg
+        seeds = [VAL_SEED_BASE + i for i in range(cfg.val_groups)]
+        t0 = time.perf_counter()
+        trajs, _ = self._collect(seeds, 1, cfg.val_temperature, sampling_seed=VAL_SEED_BASE + (step or 0))
+        n = max(len(trajs), 1)
+        out = {
+            "val/success": sum(bool(t.success) for t in trajs) / n,
+            "val/reward": sum(t.reward for t in trajs) / n,
+            "val/turns": sum(t.num_turns for t in trajs) / n,
+            "time/validation": time.perf_counter() - t0,
+        }
+        self.val_history.append({"step": float(step if step is not None else self.state.global_step), **out})
+        return out
+
+    # ------------------------------------------------------------------------------------------ logging
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs or "grad_norm" in logs:
+            step = self.state.global_step // self.cfg.ppo_epochs
+            metrics: dict[str, float] = {"step": float(step)}
+            metrics.update(self._pending)
+            if logs.get("grad_norm") is not None:
+                metrics["optim/grad_norm"] = float(logs["grad_norm"])
+            if logs.get("learning_rate") is not None:
+                metrics["optim/lr"] = float(logs["learning_rate"])
+            self._emit(step, metrics)
+        super().log(logs, start_time)
+
+    def _emit(self, step: int, metrics: dict[str, float]) -> None:
+        """Record one step's metrics (history on every process; files and console on the main one)."""
+        metrics.update(self._timings)
+        self._pending, self._timings = {}, defaultdict(float)
+        self._last_logged_step = step
+        self.history.append(metrics)
+        if self.accelerator.is_main_process:
+            warnings = self._echo_monitor().update(step, metrics)
+            if warnings:
+                metrics["echo_trap/warnings"] = float(len(warnings))
+            self._metrics_logger().log(step, metrics, warnings)
+
+    def _echo_monitor(self) -> Any:
+        if self._monitor is None:
+            from ragen_trainer.monitor import EchoTrapMonitor
+
+            self._monitor = EchoTrapMonitor()
+        return self._monitor
+
+    def _metrics_logger(self) -> Any:
+        if self._logger is None:
+            from ragen_trainer.monitor import MetricsLogger
+
+            reps = self.cfg.report_to
+            self._logger = MetricsLogger(self.cfg.output_dir, tensorboard="tensorboard" in reps,
+                                         wandb="wandb" in reps, console="console" in reps,
+                                         run_name=Path(self.cfg.output_dir).name, config=self.cfg.to_dict(),
+                                         total_steps=self.cfg.total_steps)
+        return self._logger
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Save the policy in Hugging Face format (``from_pretrained`` loads it) and the critic next to it."""
+        from ragen_trainer.models import write_checkpoint_marker
+
+        output_dir = output_dir or self.args.output_dir
+        unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        if state_dict is None:
+            state_dict = unwrapped.state_dict()
+        policy_state, critic_state = split_state_dict(state_dict)
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        unwrapped.save_pretrained(output_dir, state_dict=policy_state, is_main_process=True)
+        if critic_state:
+            save_critic(critic_state, output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+        self.cfg.save(os.path.join(output_dir, "ragen_config.yaml"))
+        write_checkpoint_marker(output_dir, {
+            "step": self.state.global_step // self.cfg.ppo_epochs,
+            "optimizer_steps": self.state.global_step,
+            "env_id": self.cfg.env_id,
+            "model": self.cfg.model,
+            "critic": self.cfg.critic if critic_state else None,
+            "config": self.cfg.to_dict(),
+        })
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        load_critic(self.accelerator.unwrap_model(model if model is not None else self.model), resume_from_checkpoint)
+
+    # ------------------------------------------------------------------------------------------ train
+    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainResult:  # type: ignore[override]
+        """Train, resuming from the last checkpoint in ``output_dir`` when ``config.resume``; Ctrl-C saves first.
+
+        Returns a :class:`TrainResult`; ``summary.json`` in ``output_dir`` holds the same.
+        """
+        cfg = self.cfg
+        out_dir = Path(cfg.output_dir)
+        if self.accelerator.is_main_process:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            cfg.save(out_dir / "config.yaml")
+        wants_last = resume_from_checkpoint is True or (resume_from_checkpoint is None and cfg.resume)
+        if wants_last:
+            resume_from_checkpoint = get_last_checkpoint(str(out_dir)) if out_dir.is_dir() else None
+        resume_from_checkpoint = resume_from_checkpoint or None
+
+        # SIGTERM (a scheduler's stop) is handled like Ctrl-C: save, then exit cleanly.
+        previous = None
+        try:
+            previous = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        except ValueError:  # not the main thread
+            previous = None
+        interrupted = False
+        checkpoint = None
+        t0 = time.perf_counter()
+        try:
+            super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        except KeyboardInterrupt:
+            interrupted = True
+            checkpoint = self._save_interrupted()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGTERM, previous)
+        final_dir = None
+        final_metrics: dict[str, float] = {}
+        if not interrupted:
+            if cfg.val_every:
+                final_metrics = self.validate(self.state.global_step // cfg.ppo_epochs)
+            final_dir = str(out_dir / "final")
+            self.save_model(final_dir)
+            checkpoint = get_last_checkpoint(str(out_dir)) if out_dir.is_dir() else None
+        result = TrainResult(
+            global_step=self.state.global_step // cfg.ppo_epochs,
+            interrupted=interrupted,
+            checkpoint=checkpoint,
+            final_model=final_dir,
+            metrics=final_metrics,
+            history=self.history,
+        )
+        if self.accelerator.is_main_process:
+            summary = {
+                "env_id": cfg.env_id,
+                "model": cfg.model,
+                "steps": result.global_step,
+                "interrupted": interrupted,
+                "checkpoint": checkpoint,
+                "final_model": final_dir,
+                "wall_seconds": round(time.perf_counter() - t0, 2),
+                "final_validation": final_metrics,
+                "validation": self.val_history,
+                "last_metrics": self.history[-1] if self.history else {},
+            }
+            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
+            if self._logger is not None:
+                self._logger.close()
+        return result
+
+    def _save_interrupted(self) -> str | None:
+        """Save a full checkpoint (weights, optimizer, scheduler, RNG, trainer state) at the last finished step."""
+        if self.optimizer is None or self.state.global_step == 0:  # no step finished: the weights are the initial ones
+            return None
+        step = self.state.global_step // self.cfg.ppo_epochs
+        if step > self._last_logged_step and self._pending:  # the finished step's metrics, before they are lost
+            self._emit(step, {"step": float(step), **self._pending})
+        self._buffer = None
+        folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+        self._save_checkpoint(self.model, trial=None)
+        return folder
+
+
+class _PolicyView:
+    """The policy without its critic, for engines that copy weights (vLLM): ``state_dict`` and ``parameters`` skip
+    the ``ragen_critic.`` entries, everything else is the model's."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {k: v for k, v in self._model.state_dict(*args, **kwargs).items() if CRITIC_ATTR not in k}
+
+    def named_parameters(self, *args: Any, **kwargs: Any) -> Any:
+        return ((n, p) for n, p in self._model.named_parameters(*args, **kwargs) if CRITIC_ATTR not in n)
+
+    def parameters(self, *args: Any, **kwargs: Any) -> Any:
+        return (p for _, p in self.named_parameters(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def step_seeds(config: StarPOConfig, step: int) -> list[int]:
+    """The env seeds (initial states) of training step ``step``: the same on every process and on resume."""
+    return [TRAIN_SEED_STRIDE * config.seed + step * config.env_groups + g for g in range(config.env_groups)]
+
+
+__all__ = ["StarPOTrainer", "TrainResult", "build_training_arguments", "micro_batch_count", "step_seeds"]

@@ -1,0 +1,161 @@
+"""StarPOConfig: defaults, presets, YAML, validation messages, overrides."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from ragen_trainer.config import (
+    CHOICES,
+    PRESETS,
+    StarPOConfig,
+    apply_overrides,
+    load_config,
+    parse_overrides,
+    preset,
+)
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))
+
+
+def test_defaults_are_the_paper_starpo_s_settings():
+    cfg = StarPOConfig().validate()
+    assert (cfg.env_groups, cfg.group_size, cfg.max_turns) == (8, 16, 5)
+    assert (cfg.filter_ratio, cfg.filter_mode, cfg.kept_groups) == (0.25, "std", 2)
+    assert (cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.entropy_coef) == (0.2, 0.28, 0.0, 0.001)
+    assert (cfg.actor_lr, cfg.critic_lr, cfg.gamma, cfg.lam, cfg.turn_gamma) == (1e-6, 1e-5, 1.0, 1.0, 0.95)
+    assert (cfg.total_steps, cfg.val_every, cfg.val_groups, cfg.val_temperature) == (200, 10, 256, 0.5)
+    assert (cfg.max_new_tokens, cfg.max_context_tokens) == (400, 3600)
+    assert cfg.use_critic and cfg.adv_estimator == "gae"
+
+
+def test_every_field_has_help():
+    for f in fields(StarPOConfig):
+        assert f.metadata.get("help"), f.name
+
+
+def test_presets_differ_where_the_paper_says():
+    vanilla = preset("starpo")
+    assert (vanilla.filter_ratio, vanilla.kl_coef, vanilla.clip_high) == (1.0, 0.001, 0.2)
+    grpo = preset("grpo").validate()
+    assert grpo.adv_estimator == "grpo" and not grpo.use_critic and grpo.filter_ratio == 1.0
+    assert preset("ppo").adv_estimator == "gae" and preset("ppo").use_critic
+    assert preset("starpo-s-no-think").enable_think is False
+    assert preset("starpo-s-std-rev").filter_mode == "std_rev"
+    for name in PRESETS:
+        preset(name).validate()
+
+
+def test_unknown_preset_suggests():
+    with pytest.raises(ValueError, match="starpo-s"):
+        preset("starpo_s")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.relative_to(CONFIG_DIR).as_posix() for p in CONFIGS])
+def test_every_config_file_loads_and_validates(path):
+    load_config(path).validate()
+
+
+def test_config_folder_covers_the_paper_experiments():
+    names = {p.relative_to(CONFIG_DIR).as_posix() for p in CONFIGS}
+    for env in ("bandit", "sokoban", "frozenlake"):
+        assert f"{env}/starpo-s.yaml" in names and f"{env}/starpo-ppo.yaml" in names
+        assert f"{env}/no-think.yaml" in names and f"{env}/starpo-grpo.yaml" in names
+    assert sum("filter-sweep" in n for n in names) >= 5
+    assert sum("actions-per-turn" in n for n in names) == 7
+
+
+def test_yaml_round_trip(tmp_path):
+    cfg = preset("grpo").replace(env_kwargs={"size": 6}, filter_ratio=0.5).validate()
+    cfg.save(tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_yaml_with_preset_and_unknown_key(tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text("preset: grpo\ndescription: test\nfilter_ratio: 0.5\n")
+    cfg = load_config(good).validate()
+    assert cfg.adv_estimator == "grpo" and cfg.filter_ratio == 0.5
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("filter_ratoi: 0.5\n")
+    with pytest.raises(ValueError, match="filter_ratio"):
+        load_config(bad)
+    with pytest.raises(ValueError, match="YAML mapping"):
+        (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
+        load_config(tmp_path / "list.yaml")
+    with pytest.raises(ValueError, match="preset name"):
+        load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    "changes,field_name,allowed",
+    [
+        ({"filter_mode": "variance"}, "filter_mode", "std_rev"),
+        ({"adv_estimator": "reinforce"}, "adv_estimator", "bilevel_gae"),
+        ({"filter_ratio": 0.0}, "filter_ratio", "(0, 1]"),
+        ({"clip_high": 1.5}, "clip_high", "(0, 1)"),
+        ({"group_size": 0}, "group_size", ">= 1"),
+        ({"adv_estimator": "grpo"}, "critic", "'none'"),
+        ({"critic": "none"}, "critic", "value_head"),
+        ({"report_to": ["mlflow"]}, "report_to", "tensorboard"),
+        ({"max_new_tokens": 5000}, "max_new_tokens", "max_context_tokens"),
+        ({"engine": "vllm"}, "engine_url", "http"),
+        ({"gamma": 1.5}, "gamma", "[0, 1]"),
+        ({"total_steps": 2.5}, "total_steps", "int"),
+    ],
+)
+def test_validate_names_field_and_allowed_values(changes, field_name, allowed):
+    cfg = StarPOConfig()
+    for k, v in changes.items():
+        setattr(cfg, k, v)
+    with pytest.raises(ValueError) as err:
+        cfg.validate()
+    assert field_name in str(err.value) and allowed in str(err.value)
+
+
+def test_choices_are_what_validate_accepts():
+    for name, allowed in CHOICES.items():
+        for value in allowed:
+            cfg = StarPOConfig()
+            setattr(cfg, name, value)
+            if name == "adv_estimator" and value == "grpo":
+                cfg.critic = "none"
+            if name == "critic" and value == "none":
+                cfg.adv_estimator = "grpo"
+            if name == "engine" and value == "vllm":
+                cfg.engine_url = "http://127.0.0.1:8000"
+            cfg.validate()
+
+
+def test_text_overrides_are_parsed_by_type():
+    cfg = apply_overrides(StarPOConfig(), parse_overrides([
+        "filter_ratio=0.5", "group_size=4", "enable_think=false", "env_kwargs={size: 6, p: 0.8}",
+        "report_to=console,jsonl", "actor_lr=1e-5", "model=smollm2",
+    ])).validate()
+    assert cfg.filter_ratio == 0.5 and cfg.group_size == 4 and cfg.enable_think is False
+    assert cfg.env_kwargs == {"size": 6, "p": 0.8} and cfg.report_to == ["console", "jsonl"]
+    assert cfg.actor_lr == 1e-5 and isinstance(cfg.actor_lr, float)
+
+
+@pytest.mark.parametrize("pair,match", [
+    ("group_size=four", "group_size"), ("enable_think=maybe", "enable_think"), ("env_kwargs=[1, 2]", "env_kwargs"),
+    ("nope=1", "unknown config field"),
+])
+def test_bad_text_overrides(pair, match):
+    with pytest.raises(ValueError, match=match):
+        apply_overrides(StarPOConfig(), parse_overrides([pair]))
+
+
+def test_set_pair_without_equals():
+    with pytest.raises(ValueError, match="field=value"):
+        parse_overrides(["filter_ratio"])
+
+
+def test_yaml_values_are_never_executed(tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("env_kwargs: !!python/object/apply:os.system ['echo hacked']\n")
+    with pytest.raises(ValueError, match="YAML"):
+        load_config(evil)

@@ -1,0 +1,250 @@
+"""The trainer end to end on CPU with a tiny random model: short runs on Bandit and FrozenLake, the loss mask,
+filtering (dropped groups never reach the loss), checkpoints in Hugging Face format, resume, and Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("trl")
+
+from transformers import AutoModelForCausalLM, TrainerCallback
+
+from ragen_trainer.config import load_config
+from ragen_trainer.critic import CRITIC_FILE, get_critic
+from ragen_trainer.trainer import StarPOTrainer
+from tests.trainer.conftest import ScriptedEngine, build_tiny_model
+
+
+def small_config(tmp_path, preset="starpo-s", **changes):
+    base = dict(
+        env_groups=2, group_size=2, max_turns=2, max_new_tokens=8, max_context_tokens=1024, enable_think=False,
+        total_steps=2, save_steps=1, val_every=0, micro_batch_size=2, generation_batch_size=8,
+        actor_lr=1e-3, critic_lr=1e-3, report_to=["jsonl"], output_dir=str(tmp_path / "run"),
+    )
+    base.update(changes)
+    return load_config(preset).replace(**base).validate()
+
+
+def read_metrics(path):
+    return [json.loads(line) for line in open(path, encoding="utf-8") if '"note"' not in line]
+
+
+def params_of(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if "ragen_critic" not in k}
+
+
+def test_full_run_bandit_starpo_s_with_hf_engine(tmp_path, tiny_tokenizer):
+    model = build_tiny_model(tiny_tokenizer)
+    before = params_of(model)
+    cfg = small_config(tmp_path, val_every=1, val_groups=2)
+    result = StarPOTrainer(cfg, model, tiny_tokenizer).train()
+    out = tmp_path / "run"
+    assert result.global_step == 2 and not result.interrupted
+    for name in ("config.yaml", "metrics.jsonl", "summary.json"):
+        assert (out / name).is_file(), name
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("policy/entropy", "optim/grad_norm", "reward/in_group_std", "filter/kept_groups", "loss/value",
+                "time/generation", "time/scoring", "time/update", "val/success"):
+        assert key in rows[0], key
+    assert rows[0]["filter/kept_groups"] == 1  # keep 0.25 of 2 groups -> 1
+    for step in (1, 2):
+        ckpt = out / f"checkpoint-{step}"
+        for name in ("config.json", "model.safetensors", CRITIC_FILE, "ragen_checkpoint.json", "optimizer.pt",
+                     "trainer_state.json", "tokenizer.json"):
+            assert (ckpt / name).is_file(), f"{ckpt.name}/{name}"
+    final = AutoModelForCausalLM.from_pretrained(out / "final")  # plain Hugging Face format
+    changed = [k for k, v in final.state_dict().items() if k in before and not torch.equal(v, before[k])]
+    assert changed, "training did not change the weights"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["interrupted"] is False and "val/success" in summary["final_validation"]
+
+
+def _frozenlake_reply(prompt_text, call, row):
+    return ["Right || Down", "Down || Right", "Left", "nonsense"][(row + call) % 4]
+
+
+def test_full_run_frozenlake_grpo_multi_turn_with_kl(tmp_path, tiny_tokenizer):
+    model = build_tiny_model(tiny_tokenizer)
+    engine = ScriptedEngine(tiny_tokenizer, _frozenlake_reply)
+    cfg = small_config(tmp_path, "grpo", env_id="ragen/FrozenLake-v0", max_turns=3, env_groups=2, group_size=3,
+                       max_new_tokens=12)
+    assert cfg.kl_coef > 0 and not cfg.use_critic
+    trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
+    assert trainer.ref_model is not None and get_critic(model) is None
+    result = trainer.train()
+    assert result.global_step == 2
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert all("policy/kl" in r for r in rows)
+    assert max(r["episode/num_turns"] for r in rows) > 1  # multi-turn episodes were trained
+    assert (tmp_path / "run" / "checkpoint-2" / "model.safetensors").is_file()
+    assert not (tmp_path / "run" / "checkpoint-2" / CRITIC_FILE).exists()
+
+
+def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer):
+    model = build_tiny_model(tiny_tokenizer)
+    engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
+    cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2)
+    trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
+    micro = trainer._rollout_step()
+    assert len(micro) == trainer.n_micro == 2
+    eos = tiny_tokenizer.eos_token_id
+    for mb in micro:
+        ids, mask, adv = mb["input_ids"], mb["mask"], mb["advantages"]
+        for row in range(ids.shape[0]):
+            trained = ids[row, 1:][mask[row] > 0].tolist()
+            text = tiny_tokenizer.decode([t for t in trained if t != eos])
+            assert text in ("Phoenix", "PhoenixDragon", "Dragon")  # only the model's replies
+            assert trained.count(eos) >= 1  # each reply's own end-of-turn token is trained
+            assert torch.all(adv[row][mask[row] == 0] == 0)
+            assert torch.all(mb["returns"][row][mask[row] == 0] == 0)
+        # the old log-probs were recomputed by the trainer, not the engine's placeholder -1.0
+        assert not torch.allclose(mb["old_logprobs"][mask > 0], torch.full_like(mb["old_logprobs"][mask > 0], -1.0))
+
+
+def _group_reply(prompt_text, call, row):
+    # 4 groups x 2 rollouts; group 1 is the only one whose rollouts disagree (reward 0.1 vs -0.1)
+    return {0: "Phoenix", 1: "Phoenix" if row % 2 == 0 else "not an arm", 2: "not an arm", 3: "Phoenix"}[row // 2]
+
+
+class CountingTrainer(StarPOTrainer):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loss_rows = []  # (rows in the micro-batch, rows with trained tokens)
+        self.seeds_seen = []
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        self.loss_rows.append((inputs["input_ids"].shape[0], int((inputs["mask"].sum(-1) > 0).sum())))
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+
+@pytest.mark.parametrize("ratio,expected_rows,expected_micro", [(0.25, 2, 1), (1.0, 8, 4)])
+def test_filtered_groups_never_reach_the_backward_pass(tmp_path, tiny_tokenizer, ratio, expected_rows, expected_micro):
+    model = build_tiny_model(tiny_tokenizer)
+    engine = ScriptedEngine(tiny_tokenizer, _group_reply)
+    cfg = small_config(tmp_path, filter_ratio=ratio, env_groups=4, group_size=2, max_turns=1, total_steps=1,
+                       save_steps=0)
+    trainer = CountingTrainer(cfg, model, tiny_tokenizer, engine=engine)
+    trainer.train()
+    assert len(trainer.loss_rows) == expected_micro
+    assert sum(r for r, _ in trainer.loss_rows) == expected_rows
+    row = trainer.history[-1]
+    assert row["filter/kept_trajectories"] == expected_rows
+    if ratio < 1.0:
+        assert row["filter/std_mean_kept"] > 0 and row["filter/threshold"] > 0  # the varied group was kept
+
+
+class StopAt(TrainerCallback):
+    """Simulates Ctrl-C: sends SIGINT to this process after the given optimizer step."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_saves_then_resume_continues(tmp_path, tiny_tokenizer):
+    engine = ScriptedEngine(tiny_tokenizer, ["Dragon"])
+    cfg = small_config(tmp_path, total_steps=3, save_steps=0)
+    first = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine,
+                          callbacks=[StopAt(1)])
+    result = first.train()
+    out = tmp_path / "run"
+    assert result.interrupted and result.global_step == 1
+    assert result.checkpoint == str(out / "checkpoint-1")
+    assert (out / "checkpoint-1" / "model.safetensors").is_file()
+    assert (out / "checkpoint-1" / CRITIC_FILE).is_file()
+    assert json.loads((out / "summary.json").read_text())["interrupted"] is True
+    assert not (out / "final").exists()
+    saved_critic = {k: v.clone() for k, v in get_critic(first.model).state_dict().items()}
+
+    second = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer, seed=5), tiny_tokenizer, engine=engine)
+    second._load_from_checkpoint(str(out / "checkpoint-1"))
+    for k, v in get_critic(second.model).state_dict().items():
+        assert torch.equal(v, saved_critic[k]), k  # the critic comes back with the policy
+    result = second.train()  # resumes from checkpoint-1 (config.resume)
+    assert not result.interrupted and result.global_step == 3
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [1, 2, 3]
+    assert (out / "final" / "config.json").is_file()
+
+
+def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny_tokenizer):
+    engine = ScriptedEngine(tiny_tokenizer, ["Phoenix"])
+    cfg = small_config(tmp_path, "starpo-s-grpo", total_steps=1, save_steps=1)
+    StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine).train()
+    policy_ckpt = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "checkpoint-1").state_dict()
+
+    resumed = StarPOTrainer(cfg.replace(total_steps=2), build_tiny_model(tiny_tokenizer, seed=3), tiny_tokenizer,
+                            engine=engine)
+    seen = {}
+
+    class Peek(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            seen["step"] = state.global_step
+            seen["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    resumed.add_callback(Peek())
+    result = resumed.train()
+    assert result.global_step == 2
+    # Adam's step counter continues from checkpoint-1 (1 step) rather than restarting: 1 + 1 = 2
+    steps = {int(st["step"]) for st in resumed.optimizer.state.values() if "step" in st}
+    assert steps == {2}
+    # the policy the resumed run started from is checkpoint-1's, not the fresh seed-3 model
+    for k, v in policy_ckpt.items():
+        if k in seen["weights"]:
+            assert torch.equal(seen["weights"][k], v), k
+
+
+def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
+    model = build_tiny_model(tiny_tokenizer)
+    engine = ScriptedEngine(tiny_tokenizer, lambda text, call, row: ["Dragon", "Phoenix", "x"][row % 3])
+    cfg = small_config(tmp_path, "starpo-s-value-model", total_steps=2, ppo_epochs=2, save_steps=0,
+                       filter_ratio=1.0, group_size=3)
+    trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
+    critic = get_critic(model)
+    assert critic.kind == "value_model"
+    backbone_before = {k: v.clone() for k, v in critic.state_dict().items()}
+    calls = []
+    original = trainer._rollout_step
+    trainer._rollout_step = lambda: calls.append(trainer.state.global_step) or original()
+    result = trainer.train()
+    assert result.global_step == 2 and trainer.state.global_step == 4  # 2 steps x 2 epochs of updates
+    assert calls == [0, 2]  # one rollout per step, reused by the second epoch
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]  # one row per step (logged after its last epoch)
+    assert any(r.get("policy/approx_kl", 0.0) != 0.0 for r in rows)  # the second epoch is off-policy
+    assert any(not torch.equal(v, backbone_before[k]) for k, v in get_critic(model).state_dict().items())
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "run" / "final" / CRITIC_FILE))
+    assert any(k.startswith("backbone.") for k in saved) and any(k.startswith("head.") for k in saved)
+
+
+def test_policy_forward_selected_logits_match_full_logits_and_copy_is_independent(tiny_tokenizer):
+    from ragen_trainer.critic import attach_critic, policy_copy
+
+    model = build_tiny_model(tiny_tokenizer).eval()
+    ids = torch.randint(0, len(tiny_tokenizer), (2, 7))
+    full = model(input_ids=ids).logits
+    attach_critic(model, "value_head")
+    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask[0, 2:5] = True
+    mask[1, 6] = True
+    out = model(input_ids=ids, logits_mask=mask, return_values=True)
+    assert out["selected_logits"].shape == (4, len(tiny_tokenizer))
+    assert torch.allclose(out["selected_logits"], full[mask], atol=1e-5)
+    assert out["values"].shape == (2, 7) and torch.all(out["values"] == 0)  # zero-initialised head
+    ref = policy_copy(model)
+    assert get_critic(ref) is None
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    # the copy runs its own weights (not the patched original's)
+    assert torch.allclose(ref(input_ids=ids).logits, full, atol=1e-5)
