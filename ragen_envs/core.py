@@ -30,6 +30,7 @@ from typing import Any, ClassVar, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.utils.seeding import np_random
 
 from ragen_envs.spaces import MAX_OBSERVATION_CHARS, UnicodeText
 
@@ -179,9 +180,24 @@ class BaseTextEnv(gym.Env[str, str]):
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Draw the initial state from ``seed``.
+
+        ``options={"dynamics_seed": d}`` then re-seeds what happens *after* the reset (Bandit payouts, FrozenLake
+        slips) from ``d``: the N rollouts of one initial state share ``seed`` but need independent outcomes, or every
+        rollout of a group would see the same payout and the group's reward spread would measure nothing.
+        """
         super().reset(seed=seed)
         self.num_env_steps = 0
         self._reset_state(options)
+        dynamics_seed = (options or {}).get("dynamics_seed")
+        if dynamics_seed is not None:
+            check_arg(
+                isinstance(dynamics_seed, (int, np.integer)) and not isinstance(dynamics_seed, bool) and dynamics_seed >= 0,
+                "options['dynamics_seed']",
+                dynamics_seed,
+                "an int >= 0",
+            )
+            self._np_random, self._np_random_seed = np_random(int(dynamics_seed))
         return self.state_text(), default_info(success=self.is_success())
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:

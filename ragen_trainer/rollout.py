@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
+
 from ragen_envs.core import check_arg
 from ragen_trainer.engines.base import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationResult, SamplingParams
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
@@ -167,6 +169,11 @@ class _Episode:
                 self.logprobs.extend(logprobs if trained and logprobs is not None else [0.0] * len(ids))
 
 
+def dynamics_seed(seed: int, rollout_index: int) -> int:
+    """The env-randomness seed of rollout ``rollout_index`` of the group started from ``seed`` (stable, distinct)."""
+    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, rollout_index]).generate_state(1)[0])
+
+
 def collect_rollouts(
     engine: GenerationEngine,
     tokenizer: Any,
@@ -251,9 +258,10 @@ def collect_rollouts(
     episodes: list[_Episode] = []
     t0 = time.perf_counter()
     for group_id, seed in enumerate(seeds):
-        for _ in range(group_size):
+        for rollout_index in range(group_size):
             env = gym.make(env_id, **(env_kwargs or {}))
-            observation, info = env.reset(seed=seed)
+            # Same initial state for the whole group (seed), independent env randomness per rollout (dynamics_seed).
+            observation, info = env.reset(seed=seed, options={"dynamics_seed": dynamics_seed(seed, rollout_index)})
             system = info.get("system_prompt") or ""
             messages = [{"role": "system", "content": system}] if system else []
             messages.append({"role": "user", "content": observation})

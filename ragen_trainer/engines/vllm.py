@@ -58,10 +58,11 @@ def named_weights_for_vllm(model: Any) -> Iterator[tuple[str, Any]]:
     """``(name, tensor)`` pairs vLLM's ``load_weights`` understands; a peft model must already be merged.
 
     peft prefixes names with ``base_model.model.`` and wraps adapted layers in ``.base_layer``; the LoRA matrices
-    themselves are skipped (merged into the base weights).
+    themselves are skipped (merged into the base weights), and so is the critic's value head (``ragen_critic.*``),
+    which is not part of the language model vLLM serves.
     """
     for name, tensor in model.state_dict().items():
-        if "lora_" in name or ("modules_to_save" in name and "original_module" in name):
+        if "lora_" in name or ("modules_to_save" in name and "original_module" in name) or "ragen_critic." in name:
             continue
         clean = name.removeprefix("base_model.model.").replace(".base_layer", "")
         clean = clean.replace("modules_to_save.default.", "")

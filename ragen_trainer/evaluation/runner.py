@@ -42,6 +42,7 @@ from ragen_envs.core import INFO_KEYS
 from ragen_trainer.evaluation.agents import Agent, AgentReply, TurnContext
 from ragen_trainer.evaluation.metrics import summarize
 from ragen_trainer.evaluation.suites import Suite, SuiteEnv
+from ragen_trainer.rollout import dynamics_seed
 
 RESULT_FORMAT = "ragen-eval-result"
 RESULT_FORMAT_VERSION = 1
@@ -98,7 +99,10 @@ class _Episode:
         self.env = env
         self.grid = is_grid_env(env)
         self.done = False
-        observation, info = env.reset(seed=seed, options=entry.options_for(state_index))
+        options = entry.options_for(state_index)
+        if rollout > 0:  # further rollouts of a state: same initial state, their own env randomness (slips, payouts)
+            options = {**(options or {}), "dynamics_seed": dynamics_seed(seed, rollout)}
+        observation, info = env.reset(seed=seed, options=options)
         base = env.unwrapped
         self.ctx = TurnContext(
             env_name=entry.name,

@@ -121,3 +121,27 @@ def test_subclass_with_only_hooks_works_through_the_protocol():
     assert info["actions"] == ["Inc", "Inc", "Stop"] and terminated
     assert env.unwrapped.num_env_steps == 3
     assert isinstance(env.unwrapped.np_random, np.random.Generator)
+
+
+def test_dynamics_seed_keeps_the_initial_state_and_reseeds_what_follows():
+    import gymnasium as gym
+
+    def payouts(dynamics_seed):
+        out = []
+        for k in range(200):
+            env = gym.make("ragen/Bandit-v0").unwrapped
+            options = None if dynamics_seed is None else {"dynamics_seed": dynamics_seed + k}
+            obs, _ = env.reset(seed=7, options=options)
+            out.append((obs, env.step("Dragon")[1]))
+        return out
+
+    same_stream = payouts(None)
+    assert len({p for _, p in same_stream}) == 1  # reset(seed) alone: every episode replays the same payout
+    reseeded = payouts(1000)
+    assert len({obs for obs, _ in reseeded}) == 1  # the initial state still comes from seed
+    wins = sum(p == 1.0 for _, p in reseeded)
+    assert 20 < wins < 80  # about a quarter of 200 pulls pay, as high_risk_prob says
+    assert reseeded == payouts(1000)  # and the same dynamics seeds replay the same outcomes
+    env = gym.make("ragen/Bandit-v0").unwrapped
+    with pytest.raises(ValueError, match="dynamics_seed"):
+        env.reset(seed=0, options={"dynamics_seed": -1})

@@ -410,3 +410,15 @@ def test_vllm_weight_push_uses_vllm_names(tiny_model, tiny_tokenizer):
 def test_generation_result_defaults():
     r = GenerationResult(token_ids=[1], text="a")
     assert r.logprobs is None and r.finish_reason == "stop"
+
+
+def test_vllm_weight_push_leaves_out_the_critic(tiny_tokenizer):
+    from tests.trainer.conftest import build_tiny_model
+
+    from ragen_trainer.critic import attach_critic
+
+    model = build_tiny_model(tiny_tokenizer)
+    plain = [n for n, _ in named_weights_for_vllm(model)]
+    attach_critic(model, "value_head")
+    assert any("ragen_critic." in k for k in model.state_dict())  # the value head is part of the policy module
+    assert [n for n, _ in named_weights_for_vllm(model)] == plain  # but vLLM only gets the language model

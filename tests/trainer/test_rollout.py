@@ -331,3 +331,20 @@ def test_smollm2_short_rollout_on_bandit():
         assert traj.loss_mask == _spans_mask(traj) and traj.num_turns >= 1
         assert len(traj.old_logprobs) == len(traj.input_ids)
         assert all(r.strip() for r in traj.replies)
+
+
+def test_rollouts_of_a_group_share_the_initial_state_but_draw_their_own_payouts(tiny_tokenizer, scripted_engine):
+    # Bandit pays the high-risk arm 1.0 with probability 0.25: if the N rollouts of a group shared the env's
+    # random stream they would all see the same payout, and the group's reward spread would be meaningless.
+    engine = scripted_engine(tiny_tokenizer, [WIN])
+    batch = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=SamplingParams(max_new_tokens=64)
+    )
+    for trajectories in batch.groups().values():
+        assert len({t.messages[1]["content"] for t in trajectories}) == 1  # one initial state per group
+        payouts = [t.reward for t in trajectories]
+        assert 0 < sum(p == 1.0 for p in payouts) < len(payouts)
+    again = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=SamplingParams(max_new_tokens=64)
+    )
+    assert [t.reward for t in again.trajectories] == [t.reward for t in batch.trajectories]  # reproducible
