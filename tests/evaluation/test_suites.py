@@ -83,3 +83,20 @@ def test_unknown_suite_names_list_the_known_ones(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_suite(bad)
+
+
+def test_every_shipped_suite_loads_and_its_envs_make():
+    import gymnasium as gym
+
+    for suite_id in available_suites():
+        suite = load_suite(suite_id)
+        assert suite.envs and len(suite.hash) >= 8
+        for entry in suite.envs:
+            if "WebShop" in entry.env_id:
+                continue  # starts a server; covered by the WebShop tests
+            env = gym.make(entry.env_id, **entry.env_kwargs)
+            env.reset(seed=entry.seeds[0])
+            env.close()
+    bare = load_suite("bandit-bare-v1")
+    assert [e.name for e in bare.envs] == ["Bandit", "BanditTest", "BanditRev"]
+    assert all(e.env_kwargs == {"enable_think": False, "max_turns": 1} and len(e.seeds) == 64 for e in bare.envs)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The main job, offline on a CPU in about 15 minutes (run scripts/setup.sh first):
+#   1. every env played by scripted agents (ragen-demo);
+#   2. StarPO-S on Bandit with the bundled SmolLM2-135M-Instruct;
+#   3. the model before and after training, and the random / oracle reference agents, on the seed-pinned
+#      bandit-bare-v1 suite (Bandit and its generalisation splits BanditTest and BanditRev);
+#   4. a leaderboard (Markdown + HTML) of those four results.
+# Everything lands in $RAGEN_OUT (default runs/quickstart). RAGEN_STEPS sets the training steps.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+OUT=${RAGEN_OUT:-runs/quickstart}
+STEPS=${RAGEN_STEPS:-10}
+SUITE=bandit-bare-v1
+RESULTS="$OUT/results"
+mkdir -p "$RESULTS"
+start=$(date +%s)
+
+echo "== [1/4] every env, played by scripted agents"
+ragen-demo --quiet --episodes 3
+
+echo "== [2/4] StarPO-S on ragen/Bandit-v0 with the bundled SmolLM2-135M-Instruct ($STEPS steps, CPU)"
+ragen-trainer train --config starpo-s --env ragen/Bandit-v0 --model smollm2 \
+  --enable_think false --max_new_tokens 8 --max_turns 1 \
+  --env_groups 4 --group_size 8 --actor_lr 5e-5 --micro_batch_size 8 \
+  --total_steps "$STEPS" --val_every 5 --val_groups 32 --save_steps "$STEPS" \
+  --output_dir "$OUT/train"
+
+echo "== [3/4] evaluation on $SUITE: reference agents, SmolLM2 before and after training"
+ragen-trainer eval --suite "$SUITE" --agent random -o "$RESULTS/random.json"
+ragen-trainer eval --suite "$SUITE" --agent oracle -o "$RESULTS/oracle.json"
+ragen-trainer eval --suite "$SUITE" --model smollm2 --threads 2 --name "SmolLM2-135M-Instruct" \
+  -o "$RESULTS/smollm2.json"
+ragen-trainer eval --suite "$SUITE" --model "$OUT/train/final" --threads 2 --name "SmolLM2 + StarPO-S ($STEPS steps)" \
+  -o "$RESULTS/smollm2-starpo-s.json"
+
+echo "== [4/4] leaderboard"
+ragen-trainer leaderboard "$RESULTS" --markdown "$OUT/leaderboard.md" --html "$OUT/leaderboard.html"
+
+echo
+cat "$OUT/leaderboard.md"
+echo
+echo "done in $(( $(date +%s) - start )) s: training run in $OUT/train (summary.json, metrics.jsonl, final/),"
+echo "results in $RESULTS, leaderboard in $OUT/leaderboard.md and $OUT/leaderboard.html"
