@@ -88,6 +88,8 @@ def test_unknown_suite_names_list_the_known_ones(tmp_path):
 def test_every_shipped_suite_loads_and_its_envs_make():
     import gymnasium as gym
 
+    import ragen_envs  # noqa: F401 - registers the ids
+
     for suite_id in available_suites():
         suite = load_suite(suite_id)
         assert suite.envs and len(suite.hash) >= 8
