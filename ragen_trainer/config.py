@@ -76,6 +76,12 @@ class StarPOConfig:
     max_turns: int = _f(5, "Most turns per episode.")
     actions_per_turn: int = _f(0, "Most actions per turn; 0 keeps the env's default (5; Bandit 1).")
     enable_think: bool = _f(True, "Ask for <think>...</think> before <answer>; false is the paper's no-think ablation.")
+    reply_prefix: str = _f(
+        "auto",
+        "Text put after the chat template's generation prompt for the model to continue from (prompt tokens, not "
+        "trained; the env gets prefix + reply): auto = the reference's generation prefix, <think> with enable_think "
+        "else <answer>; '' = none; any other text is used as is.",
+    )
     max_new_tokens: int = _f(400, "Most tokens the model may write per turn (the reference's response length).")
     max_context_tokens: int = _f(3600, "Most tokens of a whole conversation; the episode is truncated beyond it.")
     temperature: float = _f(1.0, "Sampling temperature of training rollouts (log-probs are taken at it too).")
@@ -182,6 +188,8 @@ class StarPOConfig:
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1]")
         _check(self.temperature > 0.0, "temperature", self.temperature,
                "a number > 0 (training log-probs are taken at the sampling temperature)")
+        _check("\x00" not in self.reply_prefix, "reply_prefix", self.reply_prefix,
+               "'auto', '' or the prefix text (no NUL characters)")
         _check(self.env_id.strip() != "", "env_id", self.env_id, "a registered gymnasium id like 'ragen/Bandit-v0'")
         _check(self.model.strip() != "", "model", self.model, "'smollm2', a model folder or a cached hub id")
         _check(self.output_dir.strip() != "", "output_dir", self.output_dir, "a folder path")

@@ -363,6 +363,17 @@ class _ConsoleState:
     started: float = field(default_factory=time.perf_counter)
 
 
+def _tqdm_write_mode(file: Any) -> Any:
+    """A context in which printing to ``file`` does not collide with live tqdm bars (a no-op without tqdm)."""
+    try:
+        from tqdm.std import tqdm
+    except ImportError:  # pragma: no cover - tqdm comes with transformers
+        from contextlib import nullcontext
+
+        return nullcontext()
+    return tqdm.external_write_mode(file=file)
+
+
 class MetricsLogger:
     """Writes each step's metrics to ``output_dir/metrics.jsonl``, TensorBoard (``output_dir/tensorboard``), wandb
     (when installed) and the console (one compact table row per step, warnings highlighted).
@@ -449,9 +460,10 @@ class MetricsLogger:
     def _print_row(self, step: int, scalars: dict[str, float], warnings: list[str]) -> None:
         state = self._console_state
         step_w = max(len(str(self.total_steps or 0)) * 2 + 1, 6)
+        lines: list[tuple[str, bool]] = []  # (text, rich markup)
         if state.rows % 20 == 0:
             header = f"{'step':>{step_w}} " + " ".join(f"{h:>{w}}" for _, h, w in CONSOLE_COLUMNS) + "  eta"
-            self._console.print(f"[bold]{header}[/bold]")
+            lines.append((f"[bold]{header}[/bold]", True))
         state.rows += 1
         label = f"{step}/{self.total_steps}" if self.total_steps else str(step)
         cells = []
@@ -463,16 +475,25 @@ class MetricsLogger:
             elapsed = time.perf_counter() - state.started
             left = max(self.total_steps - step, 0)
             eta = _duration(elapsed / state.rows * left)
-        self._console.print(f"{label:>{step_w}} " + " ".join(cells) + f"  {eta}", markup=False)
+        lines.append((f"{label:>{step_w}} " + " ".join(cells) + f"  {eta}", False))
         for message in warnings:
-            self._console.print(f"[bold yellow]warning:[/bold yellow] {message}", markup=True)
+            lines.append((f"[bold yellow]warning:[/bold yellow] {message}", True))
+        self._print_lines(lines)
+
+    def _print_lines(self, lines: list[tuple[str, bool]]) -> None:
+        # The trainer's step bar and the rollout bar (tqdm) share the terminal: a row printed while they are drawn
+        # lands on the bar's own line and the bar's next redraw ("\r" + bar) erases it, so only the first row stayed
+        # visible. tqdm's external write mode clears the bars, lets the rows print, and redraws the bars below them.
+        with _tqdm_write_mode(self._console.file):
+            for text, markup in lines:
+                self._console.print(text, markup=markup)
 
     def log_text(self, message: str, step: int | None = None) -> None:
         """A free-text note (console and JSONL), e.g. 'checkpoint saved'."""
         self._jsonl.write(json.dumps({"step": step, "time": time.time(), "note": message}) + "\n")
         self._jsonl.flush()
         if self._console is not None:
-            self._console.print(message, markup=False)
+            self._print_lines([(message, False)])
 
     def close(self) -> None:
         if self._closed:

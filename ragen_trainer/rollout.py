@@ -33,6 +33,18 @@ approach needs care:
   so it tokenises as in the whole rendering; with other templates a merge across the boundary can differ from
   tokenising the whole text at once, which is harmless (generation continues from the same ids that are trained).
 
+Reply prefix (the reference's *generation prefix*, RAGEN ``ctx_manager.py``). After the template's generation prompt
+the prompt gets ``"<think>"`` (thinking on) or ``"<answer>"`` (thinking off), so the model continues *inside* the
+tag; small instruct models rarely open the tag on their own, and a reply the protocol cannot parse gives no learning
+signal. The prefix tokens are prompt (``loss_mask`` 0, not the model's sample); the env receives ``prefix + reply``
+and the assistant message holds ``prefix + reply``, so ``decode(input_ids)`` is still exactly the template rendering
+of the conversation (the template writes the assistant content right after the generation prompt). The prefix is
+tokenised on its own; since it follows the generation prompt's newline and the model's reply follows it, the only
+difference from tokenising the whole rendering at once is a possible merge across the prefix/reply boundary (e.g.
+``"<answer>"`` + ``"Left"``), which changes no text and is harmless: generation continues from exactly these ids and
+the trainer scores exactly these ids. ``reply_prefix="auto"`` picks the tag from each env's ``TurnProtocol``
+(``enable_think``); ``""`` turns the prefix off.
+
 Chat engines (an OpenAI-compatible API) return text only: their replies are re-tokenised to fill ``input_ids`` and
 the trajectory is flagged ``eval_only`` (no log-probs; never train on it).
 
@@ -54,6 +66,8 @@ from ragen_trainer.trajectory import RolloutBatch, Trajectory
 
 #: Stands in for the latest reply when the chat template is rendered to find the text that follows a reply.
 _PLACEHOLDER = "RAGEN_REPLY_PLACEHOLDER_7f3a"
+#: ``reply_prefix`` value that picks the reference's generation prefix from the env's protocol.
+AUTO_PREFIX = "auto"
 #: Per-turn sampling seeds are ``seed + turn * _SEED_STRIDE`` (distinct streams per turn, reproducible per run).
 _SEED_STRIDE = 1_000_003
 
@@ -147,6 +161,8 @@ class _Episode:
     seed: int
     env: Any
     messages: list[dict[str, str]]
+    prefix: str = ""
+    prefix_ids: list[int] = field(default_factory=list)
     input_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
@@ -174,6 +190,41 @@ def dynamics_seed(seed: int, rollout_index: int) -> int:
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, rollout_index]).generate_state(1)[0])
 
 
+def protocol_enable_think(env: Any) -> bool | None:
+    """``enable_think`` of the :class:`~ragen_envs.protocol.TurnProtocol` in ``env``'s wrapper chain (``None``: none)."""
+    current = env
+    for _ in range(32):  # wrapper chains are short; the bound guards against a cycle
+        if hasattr(current, "enable_think") and isinstance(current.enable_think, bool):
+            return bool(current.enable_think)
+        nxt = getattr(current, "env", None)
+        if nxt is None or nxt is current:
+            return None
+        current = nxt
+    return None
+
+
+def resolve_reply_prefix(reply_prefix: str, env: Any) -> str:
+    """The prefix text for ``env``: ``"auto"`` -> ``"<think>"`` / ``"<answer>"`` by the env protocol's
+    ``enable_think`` (``""`` for an env without a turn protocol); any other string is used as is."""
+    if reply_prefix != AUTO_PREFIX:
+        return reply_prefix
+    think = protocol_enable_think(env)
+    if think is None:
+        return ""
+    return "<think>" if think else "<answer>"
+
+
+def check_reply_prefix(reply_prefix: Any) -> str:
+    """Validate a ``reply_prefix`` argument (``"auto"``, ``""`` or any other text); returns it."""
+    check_arg(
+        isinstance(reply_prefix, str) and "\x00" not in reply_prefix,
+        "reply_prefix",
+        reply_prefix,
+        "'auto' (the reference's <think>/<answer> by the env's enable_think), '' (no prefix) or the prefix text",
+    )
+    return reply_prefix
+
+
 def collect_rollouts(
     engine: GenerationEngine,
     tokenizer: Any,
@@ -186,6 +237,7 @@ def collect_rollouts(
     sampling: SamplingParams,
     max_context_tokens: int = 3600,
     progress: bool = False,
+    reply_prefix: str = AUTO_PREFIX,
 ) -> RolloutBatch:
     """Run ``len(seeds) x group_size`` episodes of ``env_id`` with ``engine`` and return them tokenised.
 
@@ -203,6 +255,11 @@ def collect_rollouts(
         max_context_tokens: the longest a conversation may grow (prompt + replies); an episode that fills it ends
             ``truncated`` and a reply that would overflow it is cut.
         progress: show a progress bar (episodes finished, current turn).
+        reply_prefix: text put after each generation prompt for the model to continue from (prompt tokens,
+            ``loss_mask`` 0); the env gets ``prefix + reply``. ``"auto"`` (default, as the reference): ``"<think>"``
+            or ``"<answer>"`` by the env protocol's ``enable_think``; ``""``: none. Chat engines cannot be given a
+            partial assistant message, so with them ``"auto"`` means no prefix and any other non-empty prefix is
+            an error.
 
     Returns:
         A :class:`RolloutBatch` ordered group by group (``group_id`` = index into ``seeds``), with ``timings``
@@ -243,6 +300,7 @@ def collect_rollouts(
         "an int >= 2",
     )
     check_arg(env_kwargs is None or isinstance(env_kwargs, dict), "env_kwargs", env_kwargs, "None or a dict")
+    check_reply_prefix(reply_prefix)
     if env_id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("ragen/"))
         raise ValueError(f"invalid argument env_id={env_id!r}: not a registered gymnasium id; ragen ids: {known}")
@@ -250,6 +308,13 @@ def collect_rollouts(
     token_engine = bool(getattr(engine, "supports_token_ids", True))
     if token_engine:
         check_arg(tokenizer is not None, "tokenizer", tokenizer, "the policy's tokenizer (a token engine needs one)")
+    else:
+        check_arg(
+            reply_prefix in (AUTO_PREFIX, ""),
+            "reply_prefix",
+            reply_prefix,
+            f"'auto' or '' with the chat engine {type(engine).__name__} (it cannot continue a partial reply)",
+        )
     chat = ChatTokens(tokenizer) if tokenizer is not None else None
     timings = {"generation": 0.0, "environment": 0.0, "tokenization": 0.0}
     started = time.perf_counter()
@@ -265,13 +330,19 @@ def collect_rollouts(
             system = info.get("system_prompt") or ""
             messages = [{"role": "system", "content": system}] if system else []
             messages.append({"role": "user", "content": observation})
-            episodes.append(_Episode(group_id=group_id, seed=seed, env=env, messages=messages))
+            prefix = resolve_reply_prefix(reply_prefix, env) if token_engine else ""
+            episodes.append(_Episode(group_id=group_id, seed=seed, env=env, messages=messages, prefix=prefix))
     timings["environment"] += time.perf_counter() - t0
 
     t0 = time.perf_counter()
     if chat is not None:
+        prefix_cache: dict[str, list[int]] = {}
         for ep in episodes:
-            ep.add_tokens(chat.prompt_ids(ep.messages), trained=False)
+            if ep.prefix and ep.prefix not in prefix_cache:
+                prefix_cache[ep.prefix] = chat.encode(ep.prefix)
+            ep.prefix_ids = prefix_cache.get(ep.prefix, [])
+            # The generation prompt, then the reply prefix: both prompt (mask 0); the model continues after them.
+            ep.add_tokens(chat.prompt_ids(ep.messages) + ep.prefix_ids, trained=False)
             if len(ep.input_ids) >= max_context_tokens:
                 raise ValueError(
                     f"invalid argument max_context_tokens={max_context_tokens}: the first prompt of {env_id} "
@@ -310,14 +381,16 @@ def collect_rollouts(
                 if result.token_ids:
                     ep.add_tokens(result.token_ids, trained=True, logprobs=result.logprobs)
                 ep.turn_spans.append((start, len(ep.input_ids)))
-                ep.replies.append(result.text)
+                # The reply as the env and the chat see it: the prefix the model continued from, then its text.
+                reply_text = ep.prefix + result.text
+                ep.replies.append(reply_text)
                 ep.finish_reasons.append(result.finish_reason)
                 history = list(ep.messages)
-                ep.messages.append({"role": "assistant", "content": result.text})
+                ep.messages.append({"role": "assistant", "content": reply_text})
                 timings["tokenization"] += time.perf_counter() - t0
 
                 t0 = time.perf_counter()
-                observation, reward, terminated, truncated, info = ep.env.step(result.text)
+                observation, reward, terminated, truncated, info = ep.env.step(reply_text)
                 timings["environment"] += time.perf_counter() - t0
                 ep.turn_rewards.append(float(reward))
                 ep.infos.append(dict(info))
@@ -333,7 +406,7 @@ def collect_rollouts(
                 # ---- the env's text for the next turn, as a template delta (mask 0)
                 t0 = time.perf_counter()
                 if chat is not None:
-                    delta = chat.delta_ids(history, result.token_ids, observation)
+                    delta = chat.delta_ids(history, result.token_ids, observation) + ep.prefix_ids
                     # Room for the delta and at least one generated token, or the context is full.
                     if len(ep.input_ids) + len(delta) >= max_context_tokens:
                         ep.done, ep.truncated = True, True
@@ -435,4 +508,12 @@ def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = 
     return rewards
 
 
-__all__ = ["ChatTokens", "collect_rollouts", "placed_rewards"]
+__all__ = [
+    "AUTO_PREFIX",
+    "ChatTokens",
+    "check_reply_prefix",
+    "collect_rollouts",
+    "placed_rewards",
+    "protocol_enable_think",
+    "resolve_reply_prefix",
+]

@@ -351,6 +351,7 @@ class StarPOTrainer(Trainer):
                     self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local], group_size,
                     env_kwargs=env_kwargs, max_turns=cfg.max_turns, sampling=params,
                     max_context_tokens=cfg.max_context_tokens, progress=self.accelerator.is_main_process,
+                    reply_prefix=cfg.reply_prefix,
                 )
             for t in batch.trajectories:  # local group index -> global group index
                 t.group_id = local[t.group_id]

@@ -395,7 +395,11 @@ class ModelAgent(Agent):
     """A causal LM replying through one of the trainer's engines; all live episodes of a batch in one call.
 
     The conversation (system prompt, user observations, the model's earlier replies) is rendered with the model's chat
-    template by the engine. Decoding is the suite's (temperature, top_p, max_new_tokens); the sampling seed of each
+    template by the engine. Like training (``StarPOConfig.reply_prefix``), the prompt ends with a *reply prefix* after
+    the generation prompt (``"auto"``: ``"<think>"`` or ``"<answer>"`` by the env's ``enable_think``, the reference's
+    generation prefix; ``""``: none), the model continues inside the tag, and the env gets ``prefix + reply``; so a
+    trained model is evaluated the way it was trained. The setting is part of :meth:`identity`. Chat engines
+    (``openai``) cannot continue a partial reply: with them ``"auto"`` means no prefix. Decoding is the suite's (temperature, top_p, max_new_tokens); the sampling seed of each
     call is derived from the suite's seed, the env and the batch's first seed and turn, so the same suite, model and
     batch size give the same replies.
 
@@ -414,9 +418,23 @@ class ModelAgent(Agent):
         model_hash: str | None = None,
         engine_name: str | None = None,
         extra_identity: dict[str, Any] | None = None,
+        reply_prefix: str = "auto",
     ) -> None:
+        from ragen_trainer.rollout import AUTO_PREFIX, check_reply_prefix
+
         if not hasattr(engine, "generate_chat"):
             raise ValueError(f"invalid argument engine={engine!r}: expected a ragen_trainer.engines GenerationEngine")
+        check_reply_prefix(reply_prefix)
+        self._token_prompts = bool(getattr(engine, "supports_token_ids", False)) and (
+            getattr(engine, "tokenizer", None) is not None
+        )
+        if not self._token_prompts and reply_prefix not in (AUTO_PREFIX, ""):
+            raise ValueError(
+                f"invalid argument reply_prefix={reply_prefix!r}: expected 'auto' or '' with "
+                f"{type(engine).__name__} (a chat engine cannot continue a partial reply)"
+            )
+        self.reply_prefix = reply_prefix
+        self._chat_tokens: Any = None
         self.engine = engine
         self.name = name
         self.model = model
@@ -440,9 +458,19 @@ class ModelAgent(Agent):
         base_url: str | None = None,
         api_key: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        reply_prefix: str = "auto",
     ) -> ModelAgent:
         """Load ``model`` (HF id, local folder, ``ragen-trainer train`` checkpoint; ``None``: the bundled SmolLM2)
-        and wrap it in ``engine`` (``"hf"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible ``base_url``)."""
+        and wrap it in ``engine`` (``"hf"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible ``base_url``).
+        ``reply_prefix``: as in training (``"auto"``, ``""`` or the text; see the class docstring)."""
+        from ragen_trainer.rollout import AUTO_PREFIX, check_reply_prefix
+
+        check_reply_prefix(reply_prefix)
+        if engine == "openai" and reply_prefix not in (AUTO_PREFIX, ""):
+            raise ValueError(
+                f"invalid argument reply_prefix={reply_prefix!r}: expected 'auto' or '' with engine='openai' "
+                "(a chat endpoint cannot continue a partial reply)"
+            )
         from pathlib import Path
 
         if engine not in ENGINES:
@@ -458,7 +486,7 @@ class ModelAgent(Agent):
 
             built = OpenAIEngine(base_url=base_url, model=model, api_key=api_key, **kwargs)
             return cls(built, name=name or model, model=model, engine_name="openai",
-                       extra_identity={"base_url": base_url})  # fmt: skip
+                       extra_identity={"base_url": base_url}, reply_prefix=reply_prefix)  # fmt: skip
         from ragen_trainer import models
 
         source = models.resolve_model_source(model)  # the local folder it loads from (the converted default too)
@@ -484,6 +512,7 @@ class ModelAgent(Agent):
             model_hash=hash_model_files(source),
             engine_name=engine,
             extra_identity=extra,
+            reply_prefix=reply_prefix,
         )
 
     def identity(self) -> dict[str, Any]:
@@ -493,6 +522,8 @@ class ModelAgent(Agent):
             "model": self.model,
             "model_hash": self.model_hash,
             "engine": self.engine_name,
+            # "auto" resolves per env (<think> / <answer> by its enable_think); a chat engine uses none.
+            "reply_prefix": self.reply_prefix if self._token_prompts else "",
             **self.extra_identity,
         }
 
@@ -515,8 +546,33 @@ class ModelAgent(Agent):
                               .encode())  # fmt: skip
         params = SamplingParams(temperature=float(d["temperature"]), top_p=float(d["top_p"]),
                                 max_new_tokens=int(d["max_new_tokens"]), seed=seed)  # fmt: skip
-        results = self.engine.generate_chat([ctx.messages for ctx in contexts], params)
-        return [AgentReply(r.text, len(r.token_ids) if r.token_ids else None) for r in results]
+        prefixes = self.prefixes(contexts)
+        if not any(prefixes):
+            results = self.engine.generate_chat([ctx.messages for ctx in contexts], params)
+            return [AgentReply(r.text, len(r.token_ids) if r.token_ids else None) for r in results]
+        # Prompt = chat template with the generation prompt, then the prefix's tokens; the model continues after them
+        # (the same token layout as the training rollout, ragen_trainer.rollout.collect_rollouts).
+        chat = self._chat()
+        prompts = [chat.prompt_ids(ctx.messages) + (chat.encode(p) if p else []) for ctx, p in zip(contexts, prefixes)]
+        results = self.engine.generate(prompts, params)
+        return [
+            AgentReply(p + r.text, len(r.token_ids) if r.token_ids else None) for p, r in zip(prefixes, results)
+        ]
+
+    def prefixes(self, contexts: list[TurnContext]) -> list[str]:
+        """The reply prefix of each context's env (``""`` everywhere with a chat engine)."""
+        from ragen_trainer.rollout import resolve_reply_prefix
+
+        if not self._token_prompts:
+            return [""] * len(contexts)
+        return [resolve_reply_prefix(self.reply_prefix, ctx.env) for ctx in contexts]
+
+    def _chat(self) -> Any:
+        if self._chat_tokens is None:
+            from ragen_trainer.rollout import ChatTokens
+
+            self._chat_tokens = ChatTokens(self.engine.tokenizer)
+        return self._chat_tokens
 
     def close(self) -> None:
         self.engine.close()

@@ -44,6 +44,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--batch-size", type=int, default=16, help="episodes played (and generated) at once")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (hf engine on CPU; 1 is fastest on a busy machine)")
+    parser.add_argument("--reply-prefix", default="auto",
+                        help="text after the chat template's generation prompt that the model continues from, as in "
+                             "training (StarPOConfig.reply_prefix): auto = <think> or <answer> by the env's "
+                             "enable_think (the reference's generation prefix), '' = none (default %(default)s)")
     parser.add_argument("--name", default=None, help="the agent's name on the leaderboard (default: from the model)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random agent (default 0)")
     parser.add_argument("--envs", default=None,
@@ -97,6 +101,7 @@ def _build_agent(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         base_url=args.base_url,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+        reply_prefix=args.reply_prefix,
     )
 
 

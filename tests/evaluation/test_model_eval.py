@@ -56,6 +56,8 @@ def test_tiny_model_evaluation_through_the_cli_is_complete_and_reproducible(tiny
     assert agent["kind"] == "model" and agent["engine"] == "hf" and agent["model"] == str(tiny_dir)
     assert len(agent["model_hash"]) == 16
     assert agent["decoding"] == {"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 12, "seed": 0}
+    assert agent["reply_prefix"] == "auto"  # as in training: <think> / <answer> by the env's enable_think
+    assert all(t["reply"].startswith("<think>") for e in first["episodes"] for t in e["turns"])
     assert {"torch", "transformers"} <= set(first["versions"])
     assert first["suite"]["id"] == "tiny-v1"
     assert len(first["episodes"]) == 4
@@ -66,6 +68,19 @@ def test_tiny_model_evaluation_through_the_cli_is_complete_and_reproducible(tiny
     assert "overall score" in capsys.readouterr().out
     second = _run_cli(tiny_dir, suite, tmp_path / "b.json")
     assert json.dumps(without_timings(first), sort_keys=True) == json.dumps(without_timings(second), sort_keys=True)
+
+
+def test_cli_reply_prefix_is_recorded_in_the_result(tiny_dir, tmp_path):
+    out = tmp_path / "off.json"
+    code = eval_cli(["eval", "--model", str(tiny_dir), "--suite", str(_tiny_suite(tmp_path)), "--envs", "Bandit",
+                     "--max-states", "1", "--device", "cpu", "--no-progress", "--reply-prefix", "", "-o", str(out)])
+    assert code == 0
+    result = load_result(out)
+    assert result["agent"]["reply_prefix"] == ""
+    assert not any(t["reply"].startswith("<think>") for e in result["episodes"] for t in e["turns"])
+    bad = eval_cli(["eval", "--engine", "openai", "--model", "m", "--base-url", "http://127.0.0.1:9",
+                    "--suite", str(_tiny_suite(tmp_path)), "--reply-prefix", "<answer>", "-o", str(out)])
+    assert bad == 2
 
 
 class _FixedEngine:
@@ -99,6 +114,44 @@ def test_model_agent_sends_the_chat_and_the_pinned_decoding():
     assert params.seed is not None
     assert result["agent"]["decoding"]["top_p"] == 0.9
     assert result["episodes"][0]["turns"][0]["reply_tokens"] is None  # chat engines report no tokens
+
+
+@pytest.mark.parametrize("think", [True, False], ids=["think", "no-think"])
+def test_model_agent_continues_after_the_reply_prefix_as_in_training(think):
+    """A token engine gets the training prompt layout (template + generation prompt + prefix tokens); the env gets
+    prefix + reply, so a model trained with the prefix is scored on the replies it was trained to write."""
+    from tests.trainer.conftest import ScriptedEngine
+
+    tokenizer = build_tiny_tokenizer()
+    tail = "Dragon is riskier.</think><answer>Dragon</answer>" if think else "Dragon</answer>"
+    engine = ScriptedEngine(tokenizer, lambda prompt, call, row: tail)  # generate_chat raises: the token path only
+    suite = small_suite(("Bandit", "ragen/Bandit-v0", 3), Bandit={"env_kwargs": {"enable_think": think}})
+    result = run_suite(suite, ModelAgent(engine, name="scripted"), batch_size=3, progress=False)
+    prefix = "<think>" if think else "<answer>"
+    assert result["summary"]["envs"]["Bandit"]["success_rate"] == 1.0
+    assert all(t["reply"] == prefix + tail for e in result["episodes"] for t in e["turns"])
+    assert result["agent"]["reply_prefix"] == "auto"
+    prefix_ids = list(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    for prompt in engine.prompts[0]:
+        assert prompt[-len(prefix_ids) :] == prefix_ids
+        assert tokenizer.decode(prompt[: -len(prefix_ids)]).endswith("<|im_start|>assistant\n")
+
+    # "" turns it off: the conversation goes through generate_chat, the reply is sent as written.
+    chat_engine = _FixedEngine("<answer>Dragon</answer>")
+    off = run_suite(small_suite(("Bandit", "ragen/Bandit-v0", 2)), ModelAgent(chat_engine, name="f", reply_prefix=""),
+                    batch_size=2, progress=False)  # fmt: skip
+    assert off["agent"]["reply_prefix"] == "" and off["episodes"][0]["turns"][0]["reply"] == "<answer>Dragon</answer>"
+
+
+def test_model_agent_reply_prefix_with_a_chat_engine():
+    engine = _FixedEngine("<answer>Dragon</answer>")
+    assert ModelAgent(engine, name="f").identity()["reply_prefix"] == ""  # auto: a chat engine has no prefix
+    with pytest.raises(ValueError, match="reply_prefix.*partial reply"):
+        ModelAgent(engine, name="f", reply_prefix="<answer>")
+    with pytest.raises(ValueError, match="reply_prefix.*partial reply"):
+        ModelAgent.load("m", engine="openai", base_url="http://127.0.0.1:9", reply_prefix="<think>")
+    with pytest.raises(ValueError, match="reply_prefix"):
+        ModelAgent(engine, name="f", reply_prefix=None)
 
 
 def test_model_agent_rejects_bad_arguments():

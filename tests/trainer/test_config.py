@@ -159,3 +159,18 @@ def test_yaml_values_are_never_executed(tmp_path):
     evil.write_text("env_kwargs: !!python/object/apply:os.system ['echo hacked']\n")
     with pytest.raises(ValueError, match="YAML"):
         load_config(evil)
+
+
+def test_reply_prefix_default_overrides_and_validation(tmp_path):
+    assert StarPOConfig().validate().reply_prefix == "auto"  # the reference's <think> / <answer> generation prefix
+    for text, expected in (("reply_prefix=", ""), ("reply_prefix=<answer>", "<answer>"), ("reply_prefix=auto", "auto")):
+        assert apply_overrides(StarPOConfig(), parse_overrides([text])).validate().reply_prefix == expected
+    path = tmp_path / "prefix.yaml"
+    path.write_text('reply_prefix: ""\nenable_think: false\n')
+    assert load_config(path).reply_prefix == ""
+    for bad, allowed in ((None, "str"), (3, "str"), ("a\x00b", "'auto'")):
+        cfg = StarPOConfig()
+        cfg.reply_prefix = bad
+        with pytest.raises(ValueError) as err:
+            cfg.validate()
+        assert "reply_prefix" in str(err.value) and allowed in str(err.value)

@@ -83,7 +83,9 @@ def test_rollout_metrics_count_thinking_tokens_with_a_tokenizer(tiny_tokenizer, 
 
     think = "The dragon is risky but pays more on average."
     engine = scripted_engine(tiny_tokenizer, [f"<think>{think}</think><answer>Dragon</answer>"])
-    batch = collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams())
+    batch = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(), reply_prefix=""
+    )
     m = rollout_metrics(batch, tiny_tokenizer)
     assert m["response/thinking_length"] == len(tiny_tokenizer(think, add_special_tokens=False)["input_ids"])
     assert m["success_rate"] == 1.0 and m[KEY_UNIQUE_REPLIES] == pytest.approx(1 / 4)
@@ -195,6 +197,54 @@ def test_metrics_logger_writes_jsonl_tensorboard_and_console(tmp_path, capsys):
     assert "warning:" in err and "Echo Trap detected at step 2" in err
     with pytest.raises(ValueError, match="logger"):
         log.log(3, {})
+
+
+def _screen(text: str) -> list[str]:
+    """What a terminal shows after ``text``: handles carriage return, newline and tqdm's cursor-up (ESC[A)."""
+    import re
+
+    rows: list[list[str]] = [[]]
+    row = col = 0
+    for token in re.findall(r"\x1b\[A|\x1b\[[0-9;]*[A-Za-z]|\r|\n|[^\x1b\r\n]", text):
+        if token == "\r":
+            col = 0
+        elif token == "\n":
+            row, col = row + 1, 0
+        elif token == "\x1b[A":
+            row = max(row - 1, 0)
+        elif token.startswith("\x1b"):
+            continue  # colours and other attributes
+        else:
+            while len(rows) <= row:
+                rows.append([])
+            line = rows[row]
+            line.extend(" " * (col + 1 - len(line)))
+            line[col] = token
+            col += 1
+    return ["".join(r).rstrip() for r in rows]
+
+
+def test_metrics_logger_rows_stay_visible_under_live_progress_bars(tmp_path, capsys):
+    """The trainer draws a step bar and a nested rollout bar (tqdm) while the logger prints its table; every row
+    must stay on screen (the bars' redraws used to erase all but the first)."""
+    import sys
+
+    from tqdm.std import tqdm
+
+    log = MetricsLogger(tmp_path / "run", wandb=False, tensorboard=False, total_steps=4)
+    steps = tqdm(total=4, file=sys.stderr, mininterval=0, dynamic_ncols=False, ncols=60)
+    for step in range(1, 5):
+        rollout = tqdm(total=3, file=sys.stderr, leave=False, mininterval=0, ncols=60, desc="rollout")
+        rollout.update(3)
+        rollout.close()
+        steps.update(1)
+        log.log(step, {"reward/mean": step / 8, KEY_IN_GROUP_STD: 0.5})
+    steps.close()
+    log.close()
+    screen = _screen(capsys.readouterr().err)
+    for step in range(1, 5):
+        assert any(line.lstrip().startswith(f"{step}/4 ") for line in screen), (step, screen)
+    assert sum("grp std" in line for line in screen) == 1  # one header
 
 
 def test_metrics_logger_wandb_choice(tmp_path):

@@ -32,6 +32,12 @@ class RecordingEngine:
         return out
 
 
+def rollouts_no_prefix(*args, **kwargs):
+    """``collect_rollouts`` with the reply prefix off: the scripted replies below are whole replies (tags included)."""
+    kwargs.setdefault("reply_prefix", "")
+    return collect_rollouts(*args, **kwargs)
+
+
 def _spans_mask(traj):
     mask = [0] * len(traj.input_ids)
     for start, end in traj.turn_spans:
@@ -108,7 +114,7 @@ def test_group_rollouts_share_the_initial_state_and_seeded_runs_repeat(tiny_mode
 
 def test_scripted_multi_turn_rewards_success_and_reward_placement(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, [BAD, WIN])
-    batch = collect_rollouts(
+    batch = rollouts_no_prefix(
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 3, sampling=SamplingParams(max_new_tokens=64)
     )
     for traj in batch.trajectories:
@@ -140,12 +146,12 @@ def test_scripted_multi_turn_rewards_success_and_reward_placement(tiny_tokenizer
 
 def test_max_turns_and_env_turn_limit_truncate(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, [BAD])
-    capped = collect_rollouts(
+    capped = rollouts_no_prefix(
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 2, max_turns=2, sampling=SamplingParams(max_new_tokens=64)
     )
     assert all(t.num_turns == 2 and t.truncated and not t.success for t in capped.trajectories)
     # Without max_turns the env's own limit (Bandit: 5 turns) ends the episode, also truncated.
-    env_limit = collect_rollouts(
+    env_limit = rollouts_no_prefix(
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64)
     )
     assert env_limit.trajectories[0].num_turns == 5 and env_limit.trajectories[0].truncated
@@ -153,14 +159,14 @@ def test_max_turns_and_env_turn_limit_truncate(tiny_tokenizer, scripted_engine):
 
 def test_context_limit_cuts_the_reply_and_truncates(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, [BAD])
-    probe = collect_rollouts(
+    probe = rollouts_no_prefix(
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_turns=1, sampling=SamplingParams(max_new_tokens=64)
     )
     prompt_len = probe.trajectories[0].turn_spans[0][0]
     reply_len = probe.trajectories[0].num_model_tokens
     # Room for half a reply: the reply is cut, and the episode ends truncated at the context limit.
     limit = prompt_len + reply_len // 2
-    batch = collect_rollouts(
+    batch = rollouts_no_prefix(
         engine,
         tiny_tokenizer,
         "ragen/Bandit-v0",
@@ -174,7 +180,7 @@ def test_context_limit_cuts_the_reply_and_truncates(tiny_tokenizer, scripted_eng
     assert traj.finish_reasons == ["length"] and traj.num_model_tokens == reply_len // 2
     # Room for one full reply but not the next prompt: one turn, truncated, nothing appended past the limit.
     limit = prompt_len + reply_len + 5
-    traj = collect_rollouts(
+    traj = rollouts_no_prefix(
         engine,
         tiny_tokenizer,
         "ragen/Bandit-v0",
@@ -185,14 +191,14 @@ def test_context_limit_cuts_the_reply_and_truncates(tiny_tokenizer, scripted_eng
     ).trajectories[0]
     assert traj.num_turns == 1 and traj.truncated and len(traj.input_ids) <= limit
     with pytest.raises(ValueError, match="max_context_tokens"):
-        collect_rollouts(
+        rollouts_no_prefix(
             engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_context_tokens=prompt_len, sampling=SamplingParams()
         )
 
 
 def test_reply_cut_by_max_new_tokens_gets_the_end_marker_as_env_text(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, [BAD])
-    traj = collect_rollouts(
+    traj = rollouts_no_prefix(
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_turns=2, sampling=SamplingParams(max_new_tokens=4)
     ).trajectories[0]
     assert traj.finish_reasons == ["length", "length"]
@@ -221,7 +227,7 @@ def test_other_chat_templates(tiny_tokenizer, scripted_engine, template):
     chat = ChatTokens(tokenizer)
     assert chat.fold_system == (template is NO_SYSTEM)
     engine = scripted_engine(tokenizer, [BAD, WIN])
-    traj = collect_rollouts(
+    traj = rollouts_no_prefix(
         engine, tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64)
     ).trajectories[0]
     assert traj.success and traj.num_turns == 2
@@ -245,7 +251,7 @@ def test_chat_engine_rollout_is_eval_only():
 
     with _FakeChatServer(reply=WIN) as server:
         engine = OpenAIEngine("fake", server.url, backoff=0.0)
-        batch = collect_rollouts(
+        batch = rollouts_no_prefix(
             engine, None, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(max_new_tokens=64, seed=0)
         )
     assert len(server.requests) == 4
@@ -261,7 +267,7 @@ def test_chat_engine_rollout_with_tokenizer_retokenises(tiny_tokenizer):
     from tests.trainer.test_engines import _FakeChatServer
 
     with _FakeChatServer(reply=WIN) as server:
-        batch = collect_rollouts(
+        batch = rollouts_no_prefix(
             OpenAIEngine("fake", server.url),
             tiny_tokenizer,
             "ragen/Bandit-v0",
@@ -280,24 +286,24 @@ def test_bad_arguments(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, [WIN])
     params = SamplingParams()
     with pytest.raises(ValueError, match="env_id.*ragen/Bandit-v0"):
-        collect_rollouts(engine, tiny_tokenizer, "ragen/NoSuchEnv-v0", [0], 1, sampling=params)
+        rollouts_no_prefix(engine, tiny_tokenizer, "ragen/NoSuchEnv-v0", [0], 1, sampling=params)
     with pytest.raises(ValueError, match="group_size"):
-        collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 0, sampling=params)
+        rollouts_no_prefix(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 0, sampling=params)
     with pytest.raises(ValueError, match="seeds"):
-        collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [], 1, sampling=params)
+        rollouts_no_prefix(engine, tiny_tokenizer, "ragen/Bandit-v0", [], 1, sampling=params)
     with pytest.raises(ValueError, match="sampling"):
-        collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling={"temperature": 1.0})
+        rollouts_no_prefix(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling={"temperature": 1.0})
     no_template = copy.deepcopy(tiny_tokenizer)
     no_template.chat_template = None
     with pytest.raises(ValueError, match="chat template"):
-        collect_rollouts(engine, no_template, "ragen/Bandit-v0", [0], 1, sampling=params)
+        rollouts_no_prefix(engine, no_template, "ragen/Bandit-v0", [0], 1, sampling=params)
     with pytest.raises(ValueError, match="tokenizer"):
-        collect_rollouts(engine, None, "ragen/Bandit-v0", [0], 1, sampling=params)
+        rollouts_no_prefix(engine, None, "ragen/Bandit-v0", [0], 1, sampling=params)
 
 
 def test_env_kwargs_reach_the_env(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, ["<think>x</think><answer>Trader</answer>"])
-    batch = collect_rollouts(
+    batch = rollouts_no_prefix(
         engine,
         tiny_tokenizer,
         "ragen/Bandit-v0",
@@ -337,14 +343,136 @@ def test_rollouts_of_a_group_share_the_initial_state_but_draw_their_own_payouts(
     # Bandit pays the high-risk arm 1.0 with probability 0.25: if the N rollouts of a group shared the env's
     # random stream they would all see the same payout, and the group's reward spread would be meaningless.
     engine = scripted_engine(tiny_tokenizer, [WIN])
-    batch = collect_rollouts(
+    batch = rollouts_no_prefix(
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=SamplingParams(max_new_tokens=64)
     )
     for trajectories in batch.groups().values():
         assert len({t.messages[1]["content"] for t in trajectories}) == 1  # one initial state per group
         payouts = [t.reward for t in trajectories]
         assert 0 < sum(p == 1.0 for p in payouts) < len(payouts)
-    again = collect_rollouts(
+    again = rollouts_no_prefix(
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=SamplingParams(max_new_tokens=64)
     )
     assert [t.reward for t in again.trajectories] == [t.reward for t in batch.trajectories]  # reproducible
+
+
+# ---------------------------------------------------------------------------------------------- reply prefix
+THINK_CONT = ["hmm</think><answer>Unicorn</answer>", WIN[len("<think>") :]]  # the model continues after "<think>"
+ANSWER_CONT = ["Unicorn</answer>", "Dragon</answer>"]  # ... after "<answer>" (thinking off)
+
+
+def _by_turn(replies):
+    """A script giving ``replies[k]`` at generate call k (every episode here lives the same turns)."""
+    return lambda prompt, call, row: replies[min(call, len(replies) - 1)]
+
+
+def _check_prefixed_rollout(tokenizer, engine, batch, prefix, expected_replies):
+    prefix_ids = list(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    for traj in batch.trajectories:
+        assert traj.num_turns == 2 and traj.success
+        # The env and the chat got prefix + the model's text (a valid reply: Unicorn is invalid, Dragon wins).
+        assert traj.replies == expected_replies
+        assert traj.infos[0]["invalid_actions"] == ["Unicorn"] and traj.infos[1]["actions"] == ["Dragon"]
+        assert [m["content"] for m in traj.messages if m["role"] == "assistant"] == expected_replies
+        # Exact template alignment over several turns: the rendered assistant messages contain the prefix.
+        rendered = tokenizer.apply_chat_template(traj.messages[:-1], tokenize=False)
+        assert tokenizer.decode(traj.input_ids) + "\n" == rendered
+        # The loss mask covers only the model's sample; the prefix tokens sit just before each reply, mask 0.
+        assert traj.loss_mask == _spans_mask(traj)
+        for start, _ in traj.turn_spans:
+            assert traj.input_ids[start - len(prefix_ids) : start] == prefix_ids
+            assert traj.loss_mask[start - len(prefix_ids) : start] == [0] * len(prefix_ids)
+            before = tokenizer.decode(traj.input_ids[: start - len(prefix_ids)])
+            assert before.endswith("<|im_start|>assistant\n")  # right after the generation prompt
+    # Every prompt the engine saw ends with the prefix: the model continues inside the tag.
+    assert all(p[-len(prefix_ids) :] == prefix_ids for call in engine.prompts for p in call)
+
+
+def test_reply_prefix_auto_with_thinking_continues_inside_think(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, _by_turn(THINK_CONT))
+    batch = collect_rollouts(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(max_new_tokens=64)
+    )
+    _check_prefixed_rollout(tiny_tokenizer, engine, batch, "<think>", [BAD, WIN])
+
+
+def test_reply_prefix_auto_without_thinking_continues_inside_answer(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, _by_turn(ANSWER_CONT))
+    batch = collect_rollouts(
+        engine,
+        tiny_tokenizer,
+        "ragen/Bandit-v0",
+        [0, 1],
+        2,
+        env_kwargs={"enable_think": False},
+        sampling=SamplingParams(max_new_tokens=64),
+    )
+    _check_prefixed_rollout(
+        tiny_tokenizer, engine, batch, "<answer>", ["<answer>Unicorn</answer>", "<answer>Dragon</answer>"]
+    )
+
+
+def test_reply_prefix_custom_text_and_empty_disables(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, _by_turn(ANSWER_CONT))
+    batch = collect_rollouts(
+        engine,
+        tiny_tokenizer,
+        "ragen/Bandit-v0",
+        [0],
+        1,
+        reply_prefix="<think>ok</think><answer>",
+        sampling=SamplingParams(max_new_tokens=64),
+    )
+    full = ["<think>ok</think><answer>Unicorn</answer>", "<think>ok</think><answer>Dragon</answer>"]
+    _check_prefixed_rollout(tiny_tokenizer, engine, batch, "<think>ok</think><answer>", full)
+
+    # "" turns the prefix off: the prompt ends at the generation prompt and the env gets the bare reply.
+    engine = scripted_engine(tiny_tokenizer, _by_turn(ANSWER_CONT))
+    traj = collect_rollouts(
+        engine,
+        tiny_tokenizer,
+        "ragen/Bandit-v0",
+        [0],
+        1,
+        reply_prefix="",
+        env_kwargs={"enable_think": False},
+        max_turns=1,
+        sampling=SamplingParams(max_new_tokens=64),
+    ).trajectories[0]
+    assert traj.replies == ["Unicorn</answer>"]  # the bare reply, no tag added
+    assert tiny_tokenizer.decode(engine.prompts[0][0]).endswith("<|im_start|>assistant\n")
+    assert tiny_tokenizer.decode(traj.input_ids[: traj.turn_spans[0][0]]) == tiny_tokenizer.apply_chat_template(
+        traj.messages[:2], tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_reply_prefix_resolution_and_bad_values(tiny_tokenizer, scripted_engine):
+    import gymnasium as gym
+
+    import ragen_envs  # noqa: F401
+    from ragen_trainer.rollout import protocol_enable_think, resolve_reply_prefix
+
+    think_env = gym.make("ragen/Bandit-v0")
+    plain_env = gym.make("ragen/Bandit-v0", enable_think=False)
+    assert protocol_enable_think(think_env) is True and protocol_enable_think(plain_env) is False
+    assert resolve_reply_prefix("auto", think_env) == "<think>"
+    assert resolve_reply_prefix("auto", plain_env) == "<answer>"
+    assert resolve_reply_prefix("", think_env) == "" and resolve_reply_prefix("Go: ", think_env) == "Go: "
+    bare = think_env.unwrapped  # no TurnProtocol in the chain: nothing to continue inside
+    assert protocol_enable_think(bare) is None and resolve_reply_prefix("auto", bare) == ""
+    think_env.close()
+    plain_env.close()
+
+    engine = scripted_engine(tiny_tokenizer, [WIN])
+    for bad in (None, 3, "a\x00b"):
+        with pytest.raises(ValueError, match="reply_prefix"):
+            collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(),
+                             reply_prefix=bad)
+
+
+def test_chat_engine_refuses_an_explicit_reply_prefix():
+    from ragen_trainer.engines.openai import OpenAIEngine
+
+    engine = OpenAIEngine("fake", "http://127.0.0.1:9", backoff=0.0)
+    with pytest.raises(ValueError, match="reply_prefix.*cannot continue"):
+        collect_rollouts(engine, None, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(), reply_prefix="<answer>")

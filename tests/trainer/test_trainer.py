@@ -25,6 +25,7 @@ def small_config(tmp_path, preset="starpo-s", **changes):
         env_groups=2, group_size=2, max_turns=2, max_new_tokens=8, max_context_tokens=1024, enable_think=False,
         total_steps=2, save_steps=1, val_every=0, micro_batch_size=2, generation_batch_size=8,
         actor_lr=1e-3, critic_lr=1e-3, report_to=["jsonl"], output_dir=str(tmp_path / "run"),
+        reply_prefix="",  # the scripted engines below write whole replies (bare actions or tags included)
     )
     base.update(changes)
     return load_config(preset).replace(**base).validate()
@@ -63,6 +64,23 @@ def test_full_run_bandit_starpo_s_with_hf_engine(tmp_path, tiny_tokenizer):
     assert changed, "training did not change the weights"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["interrupted"] is False and "val/success" in summary["final_validation"]
+
+
+@pytest.mark.parametrize("prefix", ["auto", ""])
+def test_reply_prefix_reaches_training_and_validation_rollouts(tmp_path, tiny_tokenizer, prefix):
+    engine = ScriptedEngine(tiny_tokenizer, lambda prompt, call, row: "Dragon</answer>")
+    cfg = small_config(tmp_path, total_steps=1, max_turns=1, val_every=1, val_groups=2, save_steps=0,
+                       reply_prefix=prefix)  # fmt: skip
+    trainer = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
+    trainer.train()
+    answer_ids = list(tiny_tokenizer("<answer>", add_special_tokens=False)["input_ids"])
+    prompts = [p for call in engine.prompts for p in call]
+    assert len(prompts) == 2 * 2 + 2 * 2  # training (2 groups x 2) and validation before and after (2 each)
+    ends_with_tag = [p[-len(answer_ids) :] == answer_ids for p in prompts]
+    assert all(ends_with_tag) if prefix == "auto" else not any(ends_with_tag)
+    if prefix == "auto":  # enable_think=False: the env got "<answer>Dragon</answer>", the winning arm
+        rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+        assert rows[0]["val/success"] == 1.0 and trainer.val_history[-1]["val/success"] == 1.0
 
 
 def _frozenlake_reply(prompt_text, call, row):
