@@ -119,6 +119,11 @@ class StarPOConfig:
     clip_high: float = _f(0.28, "PPO clip epsilon above 1 (clip-higher; vanilla StarPO uses 0.2).")
     kl_coef: float = _f(0.0, "Weight of the KL penalty to the reference model (vanilla StarPO 0.001; StarPO-S 0).")
     kl_estimator: str = _f("k3", "KL estimator: k1 (log-ratio) or k3 (low-variance, always >= 0).")
+    kl_reward_coef: float = _f(
+        0.0,
+        "Weight of the per-token KL to the reference model subtracted from the token rewards before the advantage "
+        "(the reference code's in-reward KL: vanilla StarPO 0.001; StarPO-S 0).",
+    )
     entropy_coef: float = _f(0.001, "Weight of the entropy bonus.")
     loss_agg_mode: str = _f("token-mean", "How token losses are averaged: token-mean, seq-mean-token-mean, ...sum.")
     value_clip: float = _f(0.5, "Clip range of the value loss around the rollout's values.")
@@ -177,7 +182,7 @@ class StarPOConfig:
         _check(0.0 < self.filter_ratio <= 1.0, "filter_ratio", self.filter_ratio, "a number in (0, 1]")
         for name in ("clip_low", "clip_high"):
             _check(0.0 < getattr(self, name) < 1.0, name, getattr(self, name), "a number in (0, 1)")
-        for name in ("kl_coef", "entropy_coef", "value_loss_coef", "weight_decay", "value_clip"):
+        for name in ("kl_coef", "kl_reward_coef", "entropy_coef", "value_loss_coef", "weight_decay", "value_clip"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, name, getattr(self, name),
                    "a finite number >= 0")
         for name in ("actor_lr", "critic_lr", "max_grad_norm"):
@@ -235,7 +240,7 @@ class StarPOConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------- presets
-_VANILLA = {"filter_ratio": 1.0, "kl_coef": 0.001, "clip_low": 0.2, "clip_high": 0.2}
+_VANILLA = {"filter_ratio": 1.0, "kl_coef": 0.001, "kl_reward_coef": 0.001, "clip_low": 0.2, "clip_high": 0.2}
 
 #: name -> (description, field changes from the StarPO-S defaults). The README's presets table is written from this.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {

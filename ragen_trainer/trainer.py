@@ -197,7 +197,7 @@ class StarPOTrainer(Trainer):
         self.n_micro = micro_batch_count(config, world)
 
         # The reference policy is copied before a critic is attached (the copy must not carry one).
-        if config.kl_coef > 0 and ref_model is None:
+        if (config.kl_coef > 0 or config.kl_reward_coef > 0) and ref_model is None:
             ref_model = policy_copy(model)
         if config.use_critic:
             attach_critic(model, config.critic)
@@ -466,9 +466,17 @@ class StarPOTrainer(Trainer):
         ends = [_turn_ends(t) for t in kept]
         # Token rewards on action positions (input position - 1); rollout.placed_rewards puts them on reply tokens.
         rewards = _pad([placed_rewards(t, cfg.reward_placement)[1:] for t in kept], width, 0.0, torch.float32)
+        kl_penalty_tokens = torch.zeros_like(mask)
+        if cfg.kl_reward_coef > 0 and scores.get("ref_logprobs") is not None:
+            # In-reward KL (the reference code's, as in RLHF): r_t <- r_t - beta * (log pi_old(a_t) - log pi_ref(a_t))
+            # on every model token, before the advantage, so the critic and GRPO both see the penalised return.
+            old = _pad(scores["old_logprobs"], width, 0.0, torch.float32)
+            ref = _pad(scores["ref_logprobs"], width, 0.0, torch.float32)
+            kl_penalty_tokens = cfg.kl_reward_coef * (old - ref) * mask
+            rewards = rewards - kl_penalty_tokens
         values = None
         if cfg.adv_estimator == "grpo":
-            returns_traj = torch.tensor([t.reward for t in kept], dtype=torch.float32)
+            returns_traj = torch.tensor([t.reward for t in kept], dtype=torch.float32) - kl_penalty_tokens.sum(dim=1)
             adv_traj = grpo_advantages(returns_traj, [t.group_id for t in kept], norm_by_std=cfg.grpo_norm_by_std)
             advantages = adv_traj[:, None] * mask
             returns = torch.zeros_like(mask)
@@ -487,6 +495,7 @@ class StarPOTrainer(Trainer):
             "adv/mean": float((advantages * mask).sum() / max(n_tok, 1.0)),
             "adv/abs_mean": float((advantages.abs() * mask).sum() / max(n_tok, 1.0)),
             "batch/model_tokens": n_tok,
+            "reward/kl_penalty": float(kl_penalty_tokens.sum() / max(len(kept), 1)),
         }
         if values is not None:
             metrics["critic/values_mean"] = float((values * mask).sum() / max(n_tok, 1.0))

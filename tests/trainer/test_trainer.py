@@ -104,6 +104,24 @@ def test_full_run_frozenlake_grpo_multi_turn_with_kl(tmp_path, tiny_tokenizer):
     assert not (tmp_path / "run" / "checkpoint-2" / CRITIC_FILE).exists()
 
 
+def test_vanilla_starpo_subtracts_the_kl_from_the_rewards_and_starpo_s_does_not(tmp_path, tiny_tokenizer):
+    # The reference code's vanilla KL sits in the loss AND in the reward; StarPO-S drops both.
+    assert load_config("starpo").kl_reward_coef == 0.001 and load_config("starpo-s").kl_reward_coef == 0.0
+    model = build_tiny_model(tiny_tokenizer)
+    engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
+    cfg = small_config(tmp_path, "starpo", kl_reward_coef=0.5, max_turns=2)
+    trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
+    assert trainer.ref_model is not None
+    trainer.train()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    penalties = [r["reward/kl_penalty"] for r in rows if "reward/kl_penalty" in r]
+    assert penalties[0] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy is still the reference
+    assert penalties[-1] != pytest.approx(0.0, abs=1e-6)  # after an update it has moved away from it
+    no_kl = small_config(tmp_path / "b", "starpo-s")
+    assert no_kl.kl_reward_coef == 0 and StarPOTrainer(no_kl, build_tiny_model(tiny_tokenizer), tiny_tokenizer,
+                                                       engine=engine).ref_model is None
+
+
 def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer):
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
