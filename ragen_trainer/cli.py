@@ -93,9 +93,9 @@ def train_from_config(cfg: StarPOConfig) -> int:
 
     state = PartialState()
     device = state.device
-    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
+    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device, lora=cfg.lora_settings())
     ref_model = None
-    if cfg.kl_coef > 0:  # the reference is the model as loaded, even when training resumes from a checkpoint
+    if cfg.kl_coef > 0 or cfg.kl_reward_coef > 0:  # the reference is the model as loaded, even on resume
         ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
     engine = None
     if cfg.engine == "vllm":

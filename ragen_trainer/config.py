@@ -147,6 +147,13 @@ class StarPOConfig:
     micro_batch_size: int = _f(8, "Trajectories per forward/backward pass on each process (memory knob).")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
     dtype: str = _f("auto", "Weights dtype: auto (bfloat16 on a GPU that supports it, else float32), or explicit.")
+    lora_rank: int = _f(
+        0,
+        "0 = full fine-tuning; > 0 trains a LoRA adapter of this rank through peft (the reference: 64, with actor_lr "
+        "1e-5 and critic_lr 1e-4). Checkpoints are then adapter folders that load on the base model.",
+    )
+    lora_alpha: int = _f(64, "LoRA scaling alpha (the update is scaled by lora_alpha / lora_rank).")
+    lora_target_modules: str = _f("all-linear", "Modules LoRA adapts: all-linear, or comma-separated module names.")
 
     # ------------------------------------------------------------------ validation, logging, checkpoints
     val_every: int = _f(10, "Validate every this many steps (0 = never).")
@@ -160,6 +167,14 @@ class StarPOConfig:
     deepspeed: str = _f("", "Path to a DeepSpeed config JSON (ZeRO); empty = none. Use with `accelerate launch`.")
 
     # ------------------------------------------------------------------ helpers
+    def lora_settings(self) -> dict[str, Any] | None:
+        """The LoRA settings for :func:`ragen_trainer.models.load_model_and_tokenizer`, or None for full tuning."""
+        if self.lora_rank == 0:
+            return None
+        targets = self.lora_target_modules.strip()
+        modules: str | list[str] = targets if targets == "all-linear" else [m.strip() for m in targets.split(",")]
+        return {"r": self.lora_rank, "alpha": self.lora_alpha, "target_modules": modules}
+
     def validate(self) -> StarPOConfig:
         """Check every field; raise ``ValueError`` naming the first bad field and what is allowed. Returns self."""
         hints = get_type_hints(type(self))
@@ -173,7 +188,7 @@ class StarPOConfig:
         for name in ("total_steps", "env_groups", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
                      "micro_batch_size", "generation_batch_size", "ppo_epochs", "val_groups", "logging_steps"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
-        for name in ("actions_per_turn", "val_every", "save_steps", "save_total_limit", "warmup_steps"):
+        for name in ("actions_per_turn", "val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "an int >= 0")
         _check(self.max_new_tokens < self.max_context_tokens, "max_new_tokens", self.max_new_tokens,
                f"an int < max_context_tokens ({self.max_context_tokens})")
@@ -195,6 +210,9 @@ class StarPOConfig:
                "a number > 0 (training log-probs are taken at the sampling temperature)")
         _check("\x00" not in self.reply_prefix, "reply_prefix", self.reply_prefix,
                "'auto', '' or the prefix text (no NUL characters)")
+        _check(self.lora_alpha >= 1, "lora_alpha", self.lora_alpha, "an int >= 1")
+        _check(self.lora_target_modules.strip() != "", "lora_target_modules", self.lora_target_modules,
+               "'all-linear' or comma-separated module names like 'q_proj,v_proj'")
         _check(self.env_id.strip() != "", "env_id", self.env_id, "a registered gymnasium id like 'ragen/Bandit-v0'")
         _check(self.model.strip() != "", "model", self.model, "'smollm2', a model folder or a cached hub id")
         _check(self.output_dir.strip() != "", "output_dir", self.output_dir, "a folder path")

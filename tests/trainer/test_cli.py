@@ -89,6 +89,26 @@ def test_train_end_to_end_from_the_command_line(tmp_path, tiny_model_dir, capsys
     assert "done: 1 steps" in capsys.readouterr().err
 
 
+def test_train_a_lora_adapter_from_the_command_line(tmp_path, tiny_model_dir):
+    pytest.importorskip("peft")
+    from ragen_trainer.models import load_model_and_tokenizer
+
+    out = tmp_path / "run"
+    rc = cli.main([
+        "train", "--config", "starpo-s", "--env", "ragen/Bandit-v0", "--model", str(tiny_model_dir),
+        "--output_dir", str(out), "--total_steps", "1", "--env_groups", "2", "--group_size", "2",
+        "--max_new_tokens", "4", "--max_context_tokens", "1024", "--max_turns", "1", "--val_every", "0",
+        "--save_steps", "1", "--report_to", "jsonl", "--lora_rank", "4", "--lora_alpha", "8",
+        "--lora_target_modules", "q_proj,v_proj",
+    ])
+    assert rc == 0
+    for folder in (out / "checkpoint-1", out / "final"):
+        assert (folder / "adapter_model.safetensors").is_file() and not (folder / "model.safetensors").exists()
+    model, _ = load_model_and_tokenizer(str(out / "final"), device="cpu")  # the adapter loads on its base model
+    names = [n for n, _ in model.named_parameters()]
+    assert any("lora_A" in n and "q_proj" in n for n in names) and not any("lora_A" in n and "k_proj" in n for n in names)
+
+
 def _free_port() -> int:
     import socket
 
