@@ -65,6 +65,8 @@ from ragen_trainer.trajectory import Trajectory
 VAL_SEED_BASE = 1_000_000_000
 #: Training seeds of step s are ``TRAIN_SEED_STRIDE * seed + s * env_groups + g``.
 TRAIN_SEED_STRIDE = 10_000_019
+#: The Echo Trap monitor's history, saved in every checkpoint folder.
+MONITOR_FILE = "echo_trap_monitor.json"
 
 
 @dataclass
@@ -677,6 +679,9 @@ class StarPOTrainer(Trainer):
             self.processing_class.save_pretrained(output_dir)
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
         self.cfg.save(os.path.join(output_dir, "ragen_config.yaml"))
+        # The Echo Trap monitor judges trends (a std cliff against its recent peak), so a resumed run needs its history.
+        with open(os.path.join(output_dir, MONITOR_FILE), "w", encoding="utf-8") as fh:
+            json.dump(self._echo_monitor().state_dict(), fh)
         write_checkpoint_marker(output_dir, {
             "step": self.state.global_step // self.cfg.ppo_epochs,
             "optimizer_steps": self.state.global_step,
@@ -689,6 +694,9 @@ class StarPOTrainer(Trainer):
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         load_critic(self.accelerator.unwrap_model(model if model is not None else self.model), resume_from_checkpoint)
+        monitor_state = Path(resume_from_checkpoint) / MONITOR_FILE
+        if monitor_state.is_file():
+            self._echo_monitor().load_state_dict(json.loads(monitor_state.read_text(encoding="utf-8")))
 
     # ------------------------------------------------------------------------------------------ train
     def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainResult:  # type: ignore[override]

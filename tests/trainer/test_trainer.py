@@ -236,6 +236,10 @@ def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny
     for k, v in policy_ckpt.items():
         if k in seen["weights"]:
             assert torch.equal(seen["weights"][k], v), k
+    # the Echo Trap monitor carries on with the history of step 1 instead of starting blind
+    saved = json.loads((tmp_path / "run" / "checkpoint-1" / "echo_trap_monitor.json").read_text())
+    assert len(saved["std"]) == 1
+    assert len(resumed._echo_monitor().state_dict()["std"]) == 2
 
 
 def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
