@@ -60,9 +60,8 @@ def _rate(run: Callable[[], int], seconds: float) -> tuple[float, float]:
     return count / max(time.process_time() - cpu0, 1e-9), count / (time.perf_counter() - wall0)
 
 
-def bench_raw(env_id: str, seconds: float) -> tuple[float, float]:
-    env = gym.make(env_id).unwrapped
-    actions = _actions_for(env_id, env)
+def _bench_steps(env: gym.Env, inputs: list[str], seconds: float) -> tuple[float, float]:
+    """Steps/s of ``env`` fed ``inputs`` in turn, resetting with a new seed whenever an episode ends."""
     env.reset(seed=0)
     state = {"seed": 0, "i": 0}
 
@@ -70,7 +69,7 @@ def bench_raw(env_id: str, seconds: float) -> tuple[float, float]:
         step = env.step
         i = state["i"]
         for _ in range(1000):
-            _, _, terminated, truncated, _ = step(actions[i % len(actions)])
+            _, _, terminated, truncated, _ = step(inputs[i % len(inputs)])
             i += 1
             if terminated or truncated:
                 state["seed"] += 1
@@ -79,28 +78,17 @@ def bench_raw(env_id: str, seconds: float) -> tuple[float, float]:
         return 1000
 
     return _rate(run, seconds)
+
+
+def bench_raw(env_id: str, seconds: float) -> tuple[float, float]:
+    env = gym.make(env_id).unwrapped
+    return _bench_steps(env, _actions_for(env_id, env), seconds)
 
 
 def bench_protocol(env_id: str, seconds: float) -> tuple[float, float]:
     base = gym.make(env_id).unwrapped
     env = TurnProtocol(base, **_protocol_kwargs(env_id))
-    replies = _replies_for(_actions_for(env_id, base))
-    env.reset(seed=0)
-    state = {"seed": 0, "i": 0}
-
-    def run() -> int:
-        step = env.step
-        i = state["i"]
-        for _ in range(1000):
-            _, _, terminated, truncated, _ = step(replies[i % len(replies)])
-            i += 1
-            if terminated or truncated:
-                state["seed"] += 1
-                env.reset(seed=state["seed"])
-        state["i"] = i
-        return 1000
-
-    return _rate(run, seconds)
+    return _bench_steps(env, _replies_for(_actions_for(env_id, base)), seconds)
 
 
 def _protocol_kwargs(env_id: str) -> dict:
