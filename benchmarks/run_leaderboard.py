@@ -1,9 +1,9 @@
 """Evaluate the reference agents (random = floor, oracle = ceiling) and optionally a model on a suite, then build the
 leaderboard (Markdown + HTML) from their result files and any others given.
 
-    python benchmarks/run_leaderboard.py --suite quick-v1                      # random + oracle, seconds
-    python benchmarks/run_leaderboard.py --suite quick-v1 --model smollm2      # + the bundled SmolLM2 (CPU: long)
-    python benchmarks/run_leaderboard.py --suite paper-v1 --results results/my-model.json
+    python benchmarks/run_leaderboard.py --suite quick-v2                      # random + oracle, seconds
+    python benchmarks/run_leaderboard.py --suite quick-v2 --model smollm2      # + the bundled SmolLM2 (CPU: long)
+    python benchmarks/run_leaderboard.py --suite paper-v2 --results results/my-model.json
 
 Writes ``<out>/<agent>__<suite>.json`` per agent, ``<out>/leaderboard.md`` and ``<out>/leaderboard.html``, and prints
 the table plus the time each agent took.
@@ -26,7 +26,7 @@ from ragen_trainer.evaluation.suites import load_suite
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", default="quick-v1", help="suite id or JSON file (default quick-v1)")
+    parser.add_argument("--suite", default="quick-v2", help="suite id or JSON file (default quick-v2)")
     parser.add_argument("--envs", default=None, help="comma-separated env names (default: all of the suite)")
     parser.add_argument("--max-states", type=int, default=None, help="only the first N seeds per env")
     parser.add_argument("--model", default=None, help="also evaluate this model (smollm2 = the bundled one)")

@@ -6,13 +6,15 @@ higher expected payout from the names' meaning alone: a single-turn test of whet
 Action space: ``UnicodeText``; valid actions are the two arm names (case-insensitive), or ``1`` / ``2`` for the first
 or second arm as listed.
 
-Observation: the text ``Arms: <name1>, <name2>. Choose one.``; the order of the arms is shuffled per seed.
+Observation: the text ``Arms: <name1>, <name2>. Choose one.`` (ragen layout) or the reference's game rules naming
+both arms (reference layout, :meth:`BanditEnv.reference_state_text`); the order of the arms is shuffled per seed.
 
 Rewards (reference code): the low-risk arm pays ``low_risk_payout`` (0.1) every time; the high-risk arm pays
 ``high_risk_payout`` (1.0) with probability ``high_risk_prob`` (0.25) and 0 otherwise, so its expectation (0.25) is
 higher. Success means choosing the high-risk arm, whatever it paid.
 
-Episode end: terminated after one pull (with the protocol: or truncated after 5 turns without a valid pull).
+Episode end: terminated after one pull. ``ragen/Bandit*-v0`` allow one turn (the reference's ``max_turn: 1``), so a
+reply without a valid arm ends the episode truncated, with the format penalty.
 
 Arguments:
     low_risk_name / high_risk_name: the arms' names (Phoenix / Dragon; the test vocabulary is Trader / Librarian).
@@ -28,6 +30,17 @@ from typing import Any
 
 from ragen_envs.core import BaseTextEnv, StepOutcome, check_arg
 
+#: The reference env's first rendering (RAGEN ``ragen/env/bandit/env.py`` ``INIT_PROMPT``), trailing spaces included.
+REFERENCE_PROMPT = (
+    "You are playing a bandit game. Goal: Maximize your total reward by choosing which arm to pull. \n"
+    "Game Rules: \n"
+    "1. There are 2 arms, named {a} and {b}\n"
+    "2. Each arm has its own reward distribution, related to their names. \n"
+    "3. Analyze the symbolic meaning of each arm's name to guess how their reward distribution might behave.\n"
+    "4. Based on the symbolic meaning of their names, which arm do you think is more likely to give higher rewards "
+    "on average? Choose between {a} and {b}, and output like <answer> {a} </answer> or <answer> {b} </answer>.\n"
+)
+
 # Words that, next to an arm's name in the thinking, claim that arm is the risky or the safe one.
 _RISKY_WORDS = ("high-risk", "high risk", "risky", "riskier", "volatile", "gamble", "dangerous", "uncertain")
 _SAFE_WORDS = ("low-risk", "low risk", "safe", "safer", "steady", "stable", "reliable", "consistent", "guaranteed")
@@ -36,10 +49,9 @@ _SAFE_WORDS = ("low-risk", "low risk", "safe", "safer", "steady", "stable", "rel
 class BanditEnv(BaseTextEnv):
     """A two-armed bandit whose arm names hint at their payout distributions. See the module docstring."""
 
-    default_actions_per_turn = 1
-    default_max_actions_per_episode = 1
-    # As in the reference code, turns are capped globally (5): a malformed reply spends a turn, not the one action.
     max_action_chars = 512
+    # The reference's Bandit has an empty env_instruction: its rules are the state text (REFERENCE_PROMPT).
+    reference_instruction = ""
 
     def __init__(
         self,
@@ -91,6 +103,7 @@ class BanditEnv(BaseTextEnv):
         super().__init__(render_mode=render_mode)
         self._arms: list[str] = [self.low_risk_name, self.high_risk_name]
         self._pulled: str | None = None
+        self._payout = 0.0
 
     @property
     def instructions(self) -> str:
@@ -109,6 +122,7 @@ class BanditEnv(BaseTextEnv):
         order = self.np_random.permutation(2)
         self._arms = [[self.low_risk_name, self.high_risk_name][i] for i in order]
         self._pulled = None
+        self._payout = 0.0
 
     def parse_action(self, text: str) -> str | None:
         key = text.strip().strip("\"'`.[](){}*").strip()
@@ -123,6 +137,7 @@ class BanditEnv(BaseTextEnv):
             reward = self.high_risk_payout if won else 0.0
         else:
             reward = self.low_risk_payout
+        self._payout = reward
         return StepOutcome(reward=reward, terminated=True, effective=True, success=self.is_success())
 
     def is_success(self) -> bool:
@@ -133,6 +148,13 @@ class BanditEnv(BaseTextEnv):
         if self._pulled is None:
             return f"Arms: {a}, {b}. Choose one."
         return f"Arms: {a}, {b}. You pulled {self._pulled}."
+
+    def reference_state_text(self) -> str:
+        """The reference's rendering: the game's rules before the pull, ``"<arm>: <payout> points"`` after it."""
+        if self._pulled is None:
+            a, b = self._arms
+            return REFERENCE_PROMPT.format(a=a, b=b)
+        return f"{self._pulled}: {self._payout} points"
 
     def state_view(self) -> dict[str, Any]:
         return {

@@ -105,10 +105,13 @@ class BaseTextEnv(gym.Env[str, str]):
     action_names: ClassVar[tuple[str, ...]] = ()
     #: Extra spellings (lower-case) mapped to canonical names, e.g. ``{"north": "Up"}``.
     action_synonyms: ClassVar[dict[str, str]] = {}
-    #: Protocol defaults of this env (the reference code's values); ``gymnasium.make`` kwargs override them.
-    default_actions_per_turn: ClassVar[int] = 5
-    default_max_actions_per_episode: ClassVar[int] = 10
-    default_max_turns: ClassVar[int] = 5
+    #: The reference's prompt text for this env (RAGEN ``config/envs.yaml`` ``env_instruction``), opening the first
+    #: user message under the reference prompt layout. ``None`` (envs the reference does not have): :attr:`instructions`.
+    reference_instruction: ClassVar[str | None] = None
+    #: The symbol legend the reference appends to the instruction (its env config's ``grid_vocab``); empty: none.
+    reference_legend: ClassVar[dict[str, str]] = {}
+    #: Whether the reference appends the action list (its env config has an ``action_lookup``).
+    reference_lists_actions: ClassVar[bool] = False
     #: Longest reply (in chars) the action space samples; replies of any length are still handled.
     max_action_chars: ClassVar[int] = 4096
 
@@ -143,6 +146,11 @@ class BaseTextEnv(gym.Env[str, str]):
 
     def state_view(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def reference_state_text(self) -> str:
+        """The state as the reference env renders it (its ``render()``), shown under the reference prompt layout.
+        Default: :meth:`state_text`, for envs whose text is the reference's."""
+        return self.state_text()
 
     def is_success(self) -> bool:
         """Whether the current state counts as solved; used for the ``success`` key."""
@@ -207,7 +215,7 @@ class BaseTextEnv(gym.Env[str, str]):
                 action_is_valid=False,
                 success=self.is_success(),
                 reward_parts={"env": 0.0},
-                reason=f"unknown action {_preview(action)}; valid actions: {self.describe_actions()}",
+                reason=f"unknown action {preview(action)}; valid actions: {self.describe_actions()}",
             )
             return self.state_text(), 0.0, False, False, info
         self.num_env_steps += 1
@@ -240,6 +248,7 @@ class BaseTextEnv(gym.Env[str, str]):
         return ", ".join(self.action_names) if self.action_names else "see the instructions"
 
 
-def _preview(value: Any, limit: int = 40) -> str:
+def preview(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters (for error reasons that must stay short)."""
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -29,16 +29,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
+from ragen_envs.driver import Episode, play_episodes, rollout_jobs
 from ragen_envs.registration import ENV_IDS
 
-Agent = Callable[[gym.Env, np.random.Generator], str]
+#: A scripted policy: the live episode (its env, latest info and protocol) and a generator -> the reply text.
+Policy = Callable[[Episode, np.random.Generator], str]
 
 
-def bandit_agent(env: gym.Env, rng: np.random.Generator) -> str:
-    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+def bandit_agent(episode: Episode, rng: np.random.Generator) -> str:
+    view = episode.env.unwrapped.state_view()  # type: ignore[union-attr]
     high, low = view["high_risk_arm"], view["low_risk_arm"]
     return (
         f"<think>{high} is the risky arm and {low} is the safe one. The risky arm has the higher expected payout."
@@ -46,13 +47,13 @@ def bandit_agent(env: gym.Env, rng: np.random.Generator) -> str:
     )
 
 
-def frozen_lake_agent(env: gym.Env, rng: np.random.Generator) -> str:
+def frozen_lake_agent(episode: Episode, rng: np.random.Generator) -> str:
     from ragen_envs.frozen_lake import best_action
 
-    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+    view = episode.env.unwrapped.state_view()  # type: ignore[union-attr]
     # One move a turn: the moves left are bounded by the action budget and by the turns left.
-    turns_left = _protocol_attr(env, "max_turns", 5) - _protocol_attr(env, "_turn", 0)
-    steps_left = max(1, min(_protocol_attr(env, "_actions_left", 10), turns_left))
+    turns_left = episode.protocol.max_turns - int(episode.info.get("turn", 0))
+    steps_left = max(1, min(int(episode.info.get("actions_left", 1)), turns_left))
     move, chance = best_action(view, steps_left)
     (r, c), (gr, gc) = view["player"], view["goal"]
     think = (
@@ -62,16 +63,16 @@ def frozen_lake_agent(env: gym.Env, rng: np.random.Generator) -> str:
     return f"<think>{think}</think><answer>{move}</answer>"
 
 
-def countdown_agent(env: gym.Env, rng: np.random.Generator) -> str:
+def countdown_agent(episode: Episode, rng: np.random.Generator) -> str:
     from ragen_envs.countdown import solve_countdown
 
-    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+    view = episode.env.unwrapped.state_view()  # type: ignore[union-attr]
     solution = solve_countdown(view["numbers"], view["target"]) or " + ".join(map(str, view["numbers"]))
     return f"<think>{solution} = {view['target']}</think><answer>{solution}</answer>"
 
 
-def webshop_agent(env: gym.Env, rng: np.random.Generator) -> str:
-    view = env.unwrapped.state_view()  # type: ignore[attr-defined]
+def webshop_agent(episode: Episode, rng: np.random.Generator) -> str:
+    view = episode.env.unwrapped.state_view()  # type: ignore[union-attr]
     instruction = view.get("instruction", "")
     clickables = view.get("clickables", [])
     if view.get("page") == "search":
@@ -89,47 +90,56 @@ def webshop_agent(env: gym.Env, rng: np.random.Generator) -> str:
             [c for c in clickables if c not in ("back to search", "next >", "< prev")] or ["back to search"]
         )[0] + "]</answer>"
     wanted = [c for c in clickables if c not in ("buy now", "back to search", "< prev", "next >") and c in instruction]
-    chosen = set(view.get("selected_options", {}).values()) if isinstance(view.get("selected_options"), dict) else set()
+    selected = view.get("selected") if isinstance(view.get("selected"), dict) else {}
+    chosen = {str(v).lower() for v in selected.values()}
+    # With one action left, buy now (as the reference's WebShop tips say): an unfinished episode buys nothing.
+    last_action = int(episode.info.get("actions_left", 2)) <= 1
     for option in wanted:
+        if last_action:
+            break
         if option not in chosen and option not in ("description", "features", "reviews", "attributes"):
             return f"<think>The instruction asks for {option}.</think><answer>click[{option}]</answer>"
     target = "buy now" if "buy now" in clickables else (clickables or ["back to search"])[0]
     return f"<think>This matches; buy it.</think><answer>click[{target}]</answer>"
 
 
-def sokoban_agent(env: gym.Env, rng: np.random.Generator) -> str:
+def sokoban_agent(episode: Episode, rng: np.random.Generator) -> str:
     from ragen_envs.sokoban.solver import solve_env
 
-    plan = solve_env(env)
+    plan = solve_env(episode.env)
     if plan is None or not plan.actions:  # deadlocked or already solved: nothing useful to do
-        return random_agent(env, rng)
-    k = _protocol_attr(env, "actions_per_turn", 1)
-    moves = plan.actions[:k]
-    sep = f" {_protocol_attr(env, 'action_sep', '||')} "
+        return random_agent(episode, rng)
+    moves = plan.actions[: episode.protocol.actions_per_turn]
+    sep = f" {episode.protocol.action_sep} "
     return (
         f"<think>The solver's plan needs {plan.moves} more moves ({plan.pushes} pushes).</think>"
         f"<answer>{sep.join(moves)}</answer>"
     )
 
 
-def random_agent(env: gym.Env, rng: np.random.Generator) -> str:
-    names = list(env.unwrapped.action_names) or ["noop"]  # type: ignore[attr-defined]
-    k = _protocol_attr(env, "actions_per_turn", 1)
+def random_agent(episode: Episode, rng: np.random.Generator) -> str:
+    names = list(episode.env.unwrapped.action_names) or ["noop"]  # type: ignore[union-attr]
+    k = episode.protocol.actions_per_turn
     moves = [names[int(i)] for i in rng.integers(len(names), size=int(rng.integers(1, k + 1)))]
-    sep = f" {_protocol_attr(env, 'action_sep', '||')} "
+    sep = f" {episode.protocol.action_sep} "
     return f"<think>I will explore with {len(moves)} random moves.</think><answer>{sep.join(moves)}</answer>"
 
 
-def _protocol_attr(env: gym.Env, name: str, default: Any) -> Any:
-    current: Any = env
-    while current is not None:
-        if name in vars(current):
-            return vars(current)[name]
-        current = getattr(current, "env", None)
-    return default
+class ScriptedAgent:
+    """A :class:`Policy` as an agent of the episode driver; each episode draws from its own generator (its seed)."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+
+    def reply_batch(self, episodes: list[Episode]) -> list[str]:
+        replies = []
+        for episode in episodes:
+            rng = episode.memory.setdefault("rng", np.random.default_rng(episode.seed))
+            replies.append(self.policy(episode, rng))
+        return replies
 
 
-def agent_for(env_id: str) -> tuple[str, Agent]:
+def agent_for(env_id: str) -> tuple[str, Policy]:
     if "Bandit" in env_id:
         return "high-risk arm", bandit_agent
     if "FrozenLake" in env_id:
@@ -143,30 +153,18 @@ def agent_for(env_id: str) -> tuple[str, Agent]:
     return "random", random_agent
 
 
-def play_episode(env: gym.Env, agent: Agent, seed: int, *, show: bool) -> dict[str, Any]:
-    rng = np.random.default_rng(seed)
-    observation, info = env.reset(seed=seed)
-    if show:
-        print(f"--- system prompt ---\n{info['system_prompt']}\n--- turn 1 prompt ---\n{observation}")
-    total, turns, done = 0.0, 0, False
-    while not done:
-        reply = agent(env, rng)
-        observation, reward, terminated, truncated, info = env.step(reply)
-        total += float(reward)
-        turns += 1
-        done = terminated or truncated
-        if show:
-            print(
-                f"--- reply {turns} ---\n{reply}\n--- env (reward {float(reward):g}, parts {info['reward_parts']}) ---"
-            )
-            print(observation)
-    return {"reward": total, "turns": turns, "success": bool(info["success"])}
+def show_episode(episode: Episode) -> None:
+    """Print one played episode: the prompts, the replies and what the env answered."""
+    print(f"--- system prompt ---\n{episode.system_prompt}\n--- turn 1 prompt ---\n{episode.first_observation}")
+    for k, turn in enumerate(episode.turns, 1):
+        print(f"--- reply {k} ---\n{turn.reply}\n--- env (reward {turn.reward:g}, parts {turn.info['reward_parts']}) ---")
+        print(turn.observation)
 
 
 def offline_ids(include_webshop: bool) -> tuple[list[str], list[tuple[str, str]]]:
     ids, skipped = [], []
-    for env_id, (cls_path, _) in ENV_IDS.items():
-        module = cls_path.partition(":")[0]
+    for env_id, spec in ENV_IDS.items():
+        module = spec.env_cls.partition(":")[0]
         if "WebShop" in env_id and not include_webshop:
             skipped.append((env_id, "--no-webshop given"))
         elif "WebShop" in env_id and importlib.util.find_spec("bm25s") is None:
@@ -238,23 +236,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{n}/{len(ids)}] {env_id}: {args.episodes} episode(s), {label} agent", flush=True)
         start = time.perf_counter()
         try:
-            env = gym.make(env_id)
-            results = [
-                play_episode(env, agent, args.seed + k, show=(k == 0 and not args.quiet)) for k in range(args.episodes)
-            ]
-            env.close()
+            seeds = [args.seed + k for k in range(args.episodes)]
+            episodes = play_episodes(env_id, rollout_jobs(seeds), ScriptedAgent(agent))
         except Exception as exc:  # one broken env (e.g. a server not running) must not stop the demo
             skipped.append((env_id, f"failed: {type(exc).__name__}: {exc}"))
             print(f"    skipped: {type(exc).__name__}: {exc}", flush=True)
             continue
+        if not args.quiet:
+            show_episode(episodes[0])
         rows.append(
             {
                 "env": env_id,
                 "agent": label,
-                "episodes": len(results),
-                "success": float(np.mean([r["success"] for r in results])),
-                "reward": float(np.mean([r["reward"] for r in results])),
-                "turns": float(np.mean([r["turns"] for r in results])),
+                "episodes": len(episodes),
+                "success": float(np.mean([e.success for e in episodes])),
+                "reward": float(np.mean([e.reward for e in episodes])),
+                "turns": float(np.mean([len(e.turns) for e in episodes])),
                 "seconds": time.perf_counter() - start,
             }
         )

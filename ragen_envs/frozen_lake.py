@@ -135,46 +135,63 @@ def shortest_path(grid: np.ndarray, start: tuple[int, int], goal: tuple[int, int
     return None
 
 
+def transition_model(view: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The dynamics of a :meth:`FrozenLakeEnv.state_view`: transition tensor ``P[s, a, s']`` (gymnasium's slip model:
+    the intended move with probability ``success_rate``, each perpendicular one with half the rest; a move off the edge
+    stays), the goal indicator and the terminal mask (holes and goal absorb)."""
+    nrow, ncol = view["size"]
+    n = nrow * ncol
+    holes = {tuple(h) for h in view["holes"]}
+    goal = tuple(view["goal"])
+    sr = float(view.get("success_rate", 1.0)) if view.get("slippery", True) else 1.0
+    terminal = np.zeros(n, bool)
+    is_goal = np.zeros(n)
+    P = np.zeros((n, 4, n))
+    for r in range(nrow):
+        for c in range(ncol):
+            s = r * ncol + c
+            if (r, c) in holes or (r, c) == goal:
+                terminal[s] = True
+                is_goal[s] = float((r, c) == goal)
+                P[s, :, s] = 1.0
+                continue
+            for a in range(4):
+                for moved, p in ((a, sr), ((a - 1) % 4, (1 - sr) / 2), ((a + 1) % 4, (1 - sr) / 2)):
+                    if p <= 0:
+                        continue
+                    dr, dc = _DELTAS[moved]
+                    nr, nc = r + dr, c + dc
+                    if not (0 <= nr < nrow and 0 <= nc < ncol):
+                        nr, nc = r, c
+                    P[s, a, nr * ncol + nc] += p
+    return P, is_goal, terminal
+
+
+def reach_values(
+    P: np.ndarray, is_goal: np.ndarray, terminal: np.ndarray, horizon: int, gamma: float = 1.0
+) -> list[np.ndarray]:
+    """Finite-horizon value iteration: ``V[h][s]``, the highest (``gamma``-discounted) probability of reaching the
+    goal from ``s`` within ``h`` more moves, for ``h = 0..horizon``."""
+    values = [is_goal.copy()]
+    for _ in range(horizon):
+        q = P @ values[-1]  # (n, 4)
+        values.append(np.where(terminal, is_goal, gamma * q.max(axis=1)))
+    return values
+
+
 def best_action(view: dict[str, Any], steps_left: int) -> tuple[str, float]:
     """The move that maximises the chance of reaching the goal within ``steps_left`` moves, and that chance.
 
-    Finite-horizon dynamic programming over the slippery dynamics of :class:`FrozenLakeEnv` (read from ``view``, its
-    :meth:`~FrozenLakeEnv.state_view`): an optimal reference agent for the demo, tests and the leaderboard.
+    Finite-horizon dynamic programming (:func:`reach_values`) over the slippery dynamics read from ``view``
+    (:func:`transition_model`): an optimal reference agent for the demo, tests and the leaderboard.
     """
-    nrow, ncol = view["size"]
-    n = nrow * ncol
-    holes = np.zeros(n, bool)
-    for r, c in view["holes"]:
-        holes[r * ncol + c] = True
-    goal = view["goal"][0] * ncol + view["goal"][1]
-    rows, cols = np.divmod(np.arange(n), ncol)
-    nxt = np.empty((n, 4), np.int64)  # next cell of each cell under each actual move
-    for m, (dr, dc) in enumerate(_DELTAS):
-        nr, nc = rows + dr, cols + dc
-        inside = (nr >= 0) & (nr < nrow) & (nc >= 0) & (nc < ncol)
-        nxt[:, m] = np.where(inside, nr * ncol + nc, np.arange(n))
-    sr = float(view["success_rate"]) if view["slippery"] else 1.0
-    probs = np.zeros((4, 4))  # probs[intended, actual]
-    for a in range(4):
-        probs[a, a] += sr
-        probs[a, (a - 1) % 4] += (1 - sr) / 2
-        probs[a, (a + 1) % 4] += (1 - sr) / 2
-    terminal = holes.copy()
-    terminal[goal] = True
-    s = view["player"][0] * ncol + view["player"][1]
-
-    def plan(gamma: float) -> np.ndarray:
-        value = np.zeros(n)
-        value[goal] = 1.0
-        q = np.zeros((n, 4))
-        for _ in range(max(1, steps_left)):
-            q = value[nxt] @ probs.T  # q[s, a] = sum_m probs[a, m] * value[nxt[s, m]]
-            value = np.where(terminal, value, gamma * q.max(axis=1))
-        return q[s]
-
+    P, is_goal, terminal = transition_model(view)
+    s = view["player"][0] * view["size"][1] + view["player"][1]
+    horizon = max(1, steps_left)
     # A slight discount breaks ties towards reaching the goal sooner; the chance reported is undiscounted.
-    a = int(np.argmax(plan(0.999)))
-    return ACTIONS[a], float(plan(1.0)[a])
+    discounted = P[s] @ reach_values(P, is_goal, terminal, horizon - 1, gamma=0.999)[-1]
+    a = int(np.argmax(discounted))
+    return ACTIONS[a], float(P[s, a] @ reach_values(P, is_goal, terminal, horizon - 1)[-1])
 
 
 def generate_random_map(
@@ -241,10 +258,18 @@ class FrozenLakeEnv(BaseTextEnv):
         },
         **{"←": "Left", "↓": "Down", "→": "Right", "↑": "Up"},
     }
-    default_actions_per_turn = 5
-    default_max_actions_per_episode = 10
-    default_max_turns = 5
     max_action_chars = 1024
+    # RAGEN config/envs.yaml FrozenLake env_instruction (verbatim, its spelling included) and FrozenLakeEnvConfig's
+    # grid_vocab / action_lookup, which its context manager appends.
+    reference_instruction = (
+        "You are solving the FrozenLake puzzle. Forbid the whole and go to the target. You may move to the unintended "
+        "direction due to the slippery ice. Example answer format: <think>To forbid the hole and go to the target, I "
+        "should go left then go up.</think><answer>Left || Up</answer>"
+    )
+    reference_legend = {
+        "P": "player", "_": "empty", "O": "hole", "G": "goal", "X": "player in hole", "√": "player on goal"
+    }  # fmt: skip
+    reference_lists_actions = True
 
     def __init__(
         self,

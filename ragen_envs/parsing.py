@@ -1,7 +1,7 @@
 """Parse a model's reply into its thinking and its actions.
 
 The reply format of the paper is ``<think>...</think><answer>a1 || a2 || ...</answer>``; with thinking off it is
-``<answer>a1 || a2</answer>`` or, leniently, the bare actions. Like the reference code, the first well-formed
+``<answer>a1 || a2</answer>`` (or, with ``bare_answers=True``, leniently, the bare actions). Like the reference code, the first well-formed
 ``<think>``/``<answer>`` pair is used and text around it is ignored; unlike a regular expression with backtracking,
 parsing is a few linear ``str.find`` scans, so a megabyte reply costs milliseconds. Nothing in a reply is executed.
 """
@@ -45,7 +45,9 @@ def split_actions(answer: str, separator: str) -> list[str]:
     return [part.strip() for part in answer.split(separator) if part.strip()]
 
 
-def parse_reply(reply: str, *, enable_think: bool = True, separator: str = "||") -> ParsedReply:
+def parse_reply(
+    reply: str, *, enable_think: bool = True, separator: str = "||", bare_answers: bool = False
+) -> ParsedReply:
     """Parse ``reply``; never raises on any string.
 
     >>> parse_reply("<think>box left of me</think><answer>Left || Up</answer>").actions
@@ -74,9 +76,9 @@ def parse_reply(reply: str, *, enable_think: bool = True, separator: str = "||")
             )
     found = _between(text, "<answer>", "</answer>", search_from)
     if found is None:
-        if enable_think or "<answer>" in text:
+        if enable_think or not bare_answers or "<answer>" in text:
             return ParsedReply(think=think.strip(), reason="missing or unclosed <answer>...</answer> block")
-        answer = text  # thinking off: bare actions are accepted
+        answer = text  # thinking off and bare answers allowed: the whole reply is the answer
     else:
         answer = found[0]
     if "<answer>" in answer or "<think>" in answer:

@@ -7,10 +7,25 @@ One ``step`` is one *turn*: the action is the model's whole reply, for example::
 The protocol parses the reply (:func:`ragen_envs.parsing.parse_reply`), executes up to ``actions_per_turn`` of its
 actions in order on the inner env (stopping at the episode's end or when ``max_actions_per_episode`` is spent), sums
 their rewards, and adds ``format_penalty`` when the reply was malformed or named an invalid action, with the reason in
-``info["reason"]``. The observation is the next user message, built like the reference code's prompt
-(state, actions left, the required format), so a trainer and any agent see the same text.
+``info["reason"]``. Every setting comes from one :class:`~ragen_envs.settings.ProtocolSettings`.
 
-Spaces: ``UnicodeText`` for both; the action is the reply text (any length is accepted).
+Messages. ``reset`` returns the first user message and ``info["system_prompt"]``; each ``step`` returns the next user
+message. With ``prompt_layout="reference"`` (the default) they are RAGEN's (``ragen/llm_agent/ctx_manager.py``
+``get_lm_inputs`` and ``_init_prefix_lookup``)::
+
+    system: "You're a helpful assistant. "
+    user:   <env instruction><symbol legend><action list>
+            "\\nTurn 1:\\nState:\\n<state>\\nYou have 10 actions left. Always output: <think> [Your thoughts] </think>
+            <answer> [your answer] </answer> with no extra text. Strictly follow this format. Max response length:
+            100 words (tokens).\\n"
+    user:   "Reward:\\n<env reward of the turn>\\n" "\\nTurn 2:\\n" "State:\\n..."
+
+The reward message carries the env's reward only, as in the reference (whose format penalty is kept aside and added
+to the episode's score); the ``step`` reward includes the penalty. With ``prompt_layout="ragen"``, the instructions,
+the reply format and the action budget are in the system message and a bad reply is explained in the next prompt.
+
+Spaces: ``UnicodeText`` for both; the action is the reply text (any length is accepted; beyond ``max_reply_chars``
+it is cut before parsing, and the cut is a format error).
 
 Episode end: ``terminated`` when the inner env terminates (solved, fell in a hole, bought an item, bandit pulled);
 ``truncated`` after ``max_turns`` turns, once ``max_actions_per_episode`` actions have been executed, or when the inner
@@ -18,34 +33,26 @@ env truncates (e.g. Sokoban's ``max_steps``; the turn's remaining actions are th
 
 Info: the :data:`~ragen_envs.core.INFO_KEYS` contract plus ``reason`` (``None`` or why the penalty applied),
 ``turn``, ``actions_left``, ``invalid_actions``, ``dropped_actions`` (beyond ``actions_per_turn``), the env's extra
-keys from its last executed step, and on ``reset`` the ``system_prompt`` to give the model.
+keys from its last executed step and its :meth:`~ragen_envs.core.BaseTextEnv.state_info`, and on ``reset`` the
+``system_prompt`` to give the model.
 """
 
 from __future__ import annotations
 
-import importlib
-import math
 from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from ragen_envs.core import INFO_KEYS, BaseTextEnv, check_arg, default_info
+from ragen_envs.core import INFO_KEYS, BaseTextEnv, check_arg, default_info, preview
 from ragen_envs.parsing import ParsedReply, parse_reply
-from ragen_envs.spaces import MAX_REPLY_CHARS
+from ragen_envs.settings import ProtocolSettings
 
 #: Keys of an inner step's info that are not the env's extras.
 _NOT_EXTRA = frozenset(INFO_KEYS) | {"reason"}
-
-#: Keyword arguments of ``gymnasium.make`` that configure the protocol rather than the env itself.
-PROTOCOL_KWARGS: tuple[str, ...] = (
-    "actions_per_turn",
-    "max_actions_per_episode",
-    "max_turns",
-    "action_sep",
-    "enable_think",
-    "format_penalty",
-    "max_response_tokens",
-)
+#: The reference's system message (``ctx_manager.py``), trailing space included.
+REFERENCE_SYSTEM_PROMPT = "You're a helpful assistant. "
+#: Most invalid actions named in a reason, and the longest preview of each.
+_MAX_NAMED_INVALID = 5
 
 
 class TurnProtocol(gym.Wrapper[str, str, str, str]):
@@ -53,61 +60,71 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
 
     Args:
         env: the unwrapped text env.
-        actions_per_turn: most actions executed per turn (1 to any N); extra ones are dropped. ``None``: env default.
-        max_actions_per_episode: total action budget; the episode is truncated when it is spent. ``None``: env default.
-        max_turns: turns before truncation. ``None``: env default.
-        action_sep: separator between actions inside ``<answer>``.
-        enable_think: require ``<think>...</think>`` before the answer; when off, bare actions are accepted too.
-        format_penalty: reward added (normally negative) on a turn whose reply is malformed or names an invalid action.
-        max_response_tokens: the length hint written into each prompt (the reference's response length).
+        settings: the protocol settings; ``None``: :class:`~ragen_envs.settings.ProtocolSettings` defaults (RAGEN's
+            ``base.yaml``). ``gymnasium.make("ragen/<Name>-v0")`` passes the id's reference settings.
+        **overrides: individual settings fields applied on top of ``settings`` (e.g. ``actions_per_turn=2``).
     """
 
-    def __init__(
-        self,
-        env: BaseTextEnv,
-        *,
-        actions_per_turn: int | None = None,
-        max_actions_per_episode: int | None = None,
-        max_turns: int | None = None,
-        action_sep: str = "||",
-        enable_think: bool = True,
-        format_penalty: float = -0.1,
-        max_response_tokens: int = 400,
-    ) -> None:
+    def __init__(self, env: BaseTextEnv, settings: ProtocolSettings | None = None, **overrides: Any) -> None:
         super().__init__(env)
         base = env.unwrapped
         check_arg(isinstance(base, BaseTextEnv), "env", type(base).__name__, "a ragen_envs BaseTextEnv")
-        self.actions_per_turn = _positive_int("actions_per_turn", actions_per_turn, base.default_actions_per_turn)
-        self.max_actions_per_episode = _positive_int(
-            "max_actions_per_episode", max_actions_per_episode, base.default_max_actions_per_episode
-        )
-        self.max_turns = _positive_int("max_turns", max_turns, base.default_max_turns)
-        check_arg(isinstance(action_sep, str) and action_sep.strip() != "", "action_sep", action_sep, "a non-blank str")
-        check_arg(isinstance(enable_think, bool), "enable_think", enable_think, "True or False")
         check_arg(
-            isinstance(format_penalty, (int, float))
-            and not isinstance(format_penalty, bool)
-            and math.isfinite(format_penalty),
-            "format_penalty",
-            format_penalty,
-            "a finite number (the reference uses -0.1)",
+            settings is None or isinstance(settings, ProtocolSettings),
+            "settings",
+            type(settings).__name__,
+            "a ProtocolSettings or None",
         )
-        self.max_response_tokens = _positive_int("max_response_tokens", max_response_tokens, 400)
-        self.action_sep = action_sep
-        self.enable_think = enable_think
-        self.format_penalty = float(format_penalty)
+        self.settings = (settings or ProtocolSettings()).updated(overrides, where="TurnProtocol arguments")
         self._turn = 0
-        self._actions_left = self.max_actions_per_episode
+        self._actions_left = self.settings.max_actions_per_episode
         self._done = False
+
+    # ------------------------------------------------------------------ settings, as attributes agents read
+    @property
+    def turn_protocol(self) -> TurnProtocol:
+        """This wrapper; outer wrappers reach it with ``env.get_wrapper_attr("turn_protocol")``."""
+        return self
+
+    @property
+    def max_turns(self) -> int:
+        return self.settings.max_turns
+
+    @property
+    def actions_per_turn(self) -> int:
+        return self.settings.actions_per_turn
+
+    @property
+    def max_actions_per_episode(self) -> int:
+        return self.settings.max_actions_per_episode
+
+    @property
+    def action_sep(self) -> str:
+        return self.settings.action_sep
+
+    @property
+    def enable_think(self) -> bool:
+        return self.settings.enable_think
+
+    @property
+    def format_penalty(self) -> float:
+        return self.settings.format_penalty
 
     # ------------------------------------------------------------------ prompt text
     @property
     def format_prompt(self) -> str:
+        """How the reply must look, as the prompt says it."""
+        if self.settings.prompt_layout == "reference":
+            if self.enable_think:
+                return "<think> [Your thoughts] </think> <answer> [your answer] </answer>"
+            return "<answer> [your answer] </answer>"
         return "<think>...</think><answer>...</answer>" if self.enable_think else "<answer>...</answer>"
 
     @property
     def system_prompt(self) -> str:
-        """The system message for the model: the env's instructions plus the reply format and action budget."""
+        """The system message for the model."""
+        if self.settings.prompt_layout == "reference":
+            return REFERENCE_SYSTEM_PROMPT
         base: BaseTextEnv = self.env.unwrapped  # type: ignore[assignment]
         sep = f' "{self.action_sep}" '
         per_turn = (
@@ -116,22 +133,65 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
             else "Take exactly one action per turn."
         )
         return (
-            "You're a helpful assistant. "
+            REFERENCE_SYSTEM_PROMPT
             + base.instructions.strip()
             + f"\n{per_turn}\nAlways reply in the format {self.format_prompt}."
         )
 
+    def reference_instructions(self) -> str:
+        """The env's part of the first user message in the reference layout (``_init_prefix_lookup``): its
+        instruction, then the symbol legend and the action list where the reference's env config has them."""
+        base: BaseTextEnv = self.env.unwrapped  # type: ignore[assignment]
+        text = base.reference_instruction if base.reference_instruction is not None else base.instructions.strip()
+        if base.reference_legend:
+            text += "\nThe meaning of each symbol in the state is:\n" + ", ".join(
+                f"{symbol}: {meaning}" for symbol, meaning in base.reference_legend.items()
+            )
+        if base.reference_lists_actions:
+            text += "\nYour available actions are:\n" + ", ".join(base.action_names)
+            text += (
+                f"\nYou can make up to {self.max_actions_per_episode} actions, separated by the action separator "
+                f'" {self.action_sep} "\n'
+            )
+        return text
+
+    def _state_text(self) -> str:
+        base: BaseTextEnv = self.env.unwrapped  # type: ignore[assignment]
+        return base.reference_state_text() if self.settings.prompt_layout == "reference" else base.state_text()
+
     def _turn_prompt(self, state: str, warning: str = "") -> str:
+        """The ``Turn k:`` block: state, actions left, format and length hint."""
+        length = f"Max response length: {self.settings.length_hint} words (tokens)."
+        if self.settings.prompt_layout == "reference":
+            return (
+                f"\nTurn {self._turn + 1}:\nState:\n{state}\nYou have {self._actions_left} actions left. "
+                f"Always output: {self.format_prompt} with no extra text. Strictly follow this format. {length}\n"
+            )
         return (
             f"Turn {self._turn + 1}:\nState:\n{state}\n{warning}"
             f"You have {self._actions_left} actions left. Always output: {self.format_prompt} "
-            f"with no extra text. Strictly follow this format. "
-            f"Max response length: {self.max_response_tokens} words (tokens).\n"
+            f"with no extra text. Strictly follow this format. {length}\n"
         )
+
+    def _exact_names(self) -> frozenset[str] | None:
+        """The lower-cased action names an answer must match exactly (the reference's ``action_lookup``), or ``None``
+        when the env's own parser decides (free-form actions, or ``lenient_actions``)."""
+        base: BaseTextEnv = self.env.unwrapped  # type: ignore[assignment]
+        if self.settings.lenient_actions or not base.action_names:
+            return None
+        return frozenset(name.lower() for name in base.action_names)
+
+    def _cap(self, text: str) -> str:
+        limit = self.settings.max_observation_chars
+        if len(text) <= limit:
+            return text
+        marker = "\n[... cut ...]\n"
+        keep = limit - len(marker)
+        return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2) :]
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        state, inner_info = self.env.reset(seed=seed, options=options)
+        _, inner_info = self.env.reset(seed=seed, options=options)
         self._turn = 0
         self._actions_left = self.max_actions_per_episode
         self._done = False
@@ -145,7 +205,11 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
             invalid_actions=[],
             dropped_actions=[],
         )
-        return self._turn_prompt(state), info
+        if self.settings.prompt_layout == "reference":
+            observation = self.reference_instructions() + self._turn_prompt(self._state_text())
+        else:
+            observation = self._turn_prompt(self._state_text())
+        return self._cap(observation), info
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         base: BaseTextEnv = self.env.unwrapped  # type: ignore[assignment]
@@ -164,16 +228,20 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
                 invalid_actions=[],
                 dropped_actions=[],
             )
-            return base.state_text(), 0.0, False, True, info
+            return self._cap(self._state_text()), 0.0, False, True, info
 
-        too_long = isinstance(action, str) and len(action) > MAX_REPLY_CHARS
+        limit = self.settings.max_reply_chars
+        too_long = isinstance(action, str) and len(action) > limit
         if too_long:  # cut before parsing so that a runaway reply costs no more than a long one
-            action = action[:MAX_REPLY_CHARS]
-        parsed: ParsedReply = parse_reply(action, enable_think=self.enable_think, separator=self.action_sep)
+            action = action[:limit]
+        parsed: ParsedReply = parse_reply(
+            action, enable_think=self.enable_think, separator=self.action_sep, bare_answers=self.settings.bare_answers
+        )
         to_run = parsed.actions[: self.actions_per_turn]
         dropped = parsed.actions[self.actions_per_turn :]
 
-        env_reward = 0.0
+        # The reference sums the executed actions' rewards starting from the int 0 and prints that sum.
+        env_reward: float | int = 0
         env_parts: dict[str, float] = {}
         executed: list[str] = []
         invalid: list[str] = []
@@ -183,9 +251,13 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
         success = base.is_success()
         extra: dict[str, Any] = {}
         inner_step = self.env.step
+        exact_names = self._exact_names()
         for raw in to_run:
             if terminated or inner_truncated or self._actions_left <= 0:
                 dropped.append(raw)
+                continue
+            if exact_names is not None and raw.lower() not in exact_names:
+                invalid.append(raw)  # not an action name (the reference's lookup); no step is taken
                 continue
             _, reward, terminated, inner_truncated, step_info = inner_step(raw)
             if not step_info["action_is_valid"]:
@@ -204,9 +276,11 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
 
         reason = parsed.reason
         if reason is None and invalid:
-            reason = f"invalid action(s) {invalid[:5]}; valid actions: {base.describe_actions()}"
+            named = [preview(a) for a in invalid[:_MAX_NAMED_INVALID]]
+            more = f" and {len(invalid) - _MAX_NAMED_INVALID} more" if len(invalid) > _MAX_NAMED_INVALID else ""
+            reason = f"invalid action(s) {named}{more}; valid actions: {base.describe_actions()}"
         if too_long:
-            cut = f"the reply was cut to its first {MAX_REPLY_CHARS} characters"
+            cut = f"the reply was cut to its first {limit} characters"
             reason = cut if reason is None else f"{cut}; {reason}"
         penalty = self.format_penalty if reason is not None else 0.0
 
@@ -233,48 +307,31 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
         info["actions_left"] = self._actions_left
         info["invalid_actions"] = invalid
         info["dropped_actions"] = dropped
-        total = env_reward + penalty
+        total = float(env_reward) + penalty
+        return self._cap(self._next_observation(env_reward, total, reason)), total, terminated, truncated, info
+
+    def _next_observation(self, env_reward: float | int, total: float, reason: str | None) -> str:
+        state = self._state_text()
+        if self.settings.prompt_layout == "reference":
+            message = f"Reward:\n{env_reward}\n"
+            if self._done:  # no model reads this (the reference drops the last state); agents and logs may
+                return message + f"\nTurn {self._turn + 1}:\nState:\n{state}\nThe episode has ended.\n"
+            return message + self._turn_prompt(state)
         if self._done:
-            observation = f"Reward:\n{total:g}\nThe episode has ended.\nState:\n{base.state_text()}\n"
-        else:
-            warning = ""
-            if reason is not None:
-                warning = f"Your last reply was not used in full: {reason}.\n"
-            observation = f"Reward:\n{total:g}\n\n" + self._turn_prompt(base.state_text(), warning)
-        return observation, total, terminated, truncated, info
+            return f"Reward:\n{total:g}\nThe episode has ended.\nState:\n{state}\n"
+        warning = f"Your last reply was not used in full: {reason}.\n" if reason is not None else ""
+        return f"Reward:\n{total:g}\n\n" + self._turn_prompt(state, warning)
 
 
-def _positive_int(name: str, value: int | None, default: int) -> int:
-    if value is None:
-        return default
-    check_arg(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value, "an int >= 1")
-    return value
+def find_protocol(env: gym.Env) -> TurnProtocol:
+    """The :class:`TurnProtocol` in ``env``'s wrapper chain (``gymnasium.make`` and reward wrappers wrap it).
 
-
-def load_object(path: str) -> Any:
-    """Import ``"package.module:Name"`` and return ``Name``."""
-    module_name, _, attr = path.partition(":")
-    check_arg(bool(module_name and attr), "env_cls", path, "'package.module:ClassName'")
-    return getattr(importlib.import_module(module_name), attr)
-
-
-def make_text_env(
-    env_cls: str | type[BaseTextEnv],
-    *,
-    reward_wrappers: list[str | dict[str, Any]] | tuple[str | dict[str, Any], ...] = (),
-    **kwargs: Any,
-) -> gym.Env:
-    """Build the LLM-facing env: ``env_cls(**env_kwargs)`` inside :class:`TurnProtocol`, then any reward wrappers.
-
-    This is the entry point of every ``ragen/<Name>-v0`` id: ``gymnasium.make`` passes the registered defaults and the
-    caller's kwargs here. Protocol kwargs (:data:`PROTOCOL_KWARGS`) go to the protocol, ``reward_wrappers`` names
-    wrappers of :mod:`ragen_envs.rewards` (a name, or ``{"name": ..., **kwargs}``), everything else to the env.
+    ``ValueError`` when ``env`` has none (e.g. an unwrapped :class:`~ragen_envs.core.BaseTextEnv`).
     """
-    cls = load_object(env_cls) if isinstance(env_cls, str) else env_cls
-    protocol_kwargs = {k: kwargs.pop(k) for k in PROTOCOL_KWARGS if k in kwargs}
-    env = TurnProtocol(cls(**kwargs), **protocol_kwargs)
-    if reward_wrappers:
-        from ragen_envs.rewards import wrap_rewards  # only loaded when asked for
-
-        env = wrap_rewards(env, reward_wrappers)
-    return env
+    try:
+        protocol = env.get_wrapper_attr("turn_protocol")
+    except AttributeError:
+        protocol = None
+    if not isinstance(protocol, TurnProtocol):
+        raise ValueError(f"invalid env {env!r}: expected a ragen LLM-facing env (a TurnProtocol inside)")
+    return protocol

@@ -53,6 +53,25 @@ _BUDGET_RE = re.compile(r"price lower than (\d+(?:\.\d+)?) dollars")
 SPLITS = ("train", "eval", "test")
 MODES = ("text", "text_rich", "html")
 
+#: The reference's shopping tips after each page (RAGEN ``ragen/env/webshop/env.py`` ``RENDER_INSTRUCTIONS`` joined by
+#: newlines; a missing comma there fuses its 6th and 7th tips, kept as is).
+REFERENCE_TIPS = "\n".join(
+    (
+        "We must buy a product within 10 actions. It doesn't have to match perfectly with description.",
+        "Search term should not include details like size, color.",
+        "Never search for more than 2 times.",
+        "Do not be too strict about the description, it's more important to buy one that is close enough within "
+        "action limit.",
+        "Prioritize click a product in the current page over going to next page.",
+        "Almost never click[next >] for more than 2 times.Almost never click[< prev] unless you are sure the product "
+        "is on one of the previous pages.",
+        "If you have less than 3 actions left, just buy the first product you see in the current page.",
+        "If an matching option exists, make sure to click[size] then click[color], one at a time, before "
+        "click[buy now], but don't have to if only 1 action left, in that case you just click[buy now]. Never click "
+        "description.",
+    )
+)
+
 INSTRUCTIONS = (
     "You are browsing an online shop. Based on the instruction, buy a product that matches the description. "
     "You need to search, read the search results, pick a product, choose its options (such as size and color) "
@@ -141,10 +160,15 @@ class _Client:
 class WebShopEnv(BaseTextEnv):
     """Shop for the product an instruction describes. See the module docstring."""
 
-    # The reference RAGEN webshop config: max_turn 9, max_actions_per_turn 1, max_actions_per_traj 9.
-    default_actions_per_turn = 1
-    default_max_actions_per_episode = 9
-    default_max_turns = 9
+    # RAGEN config/envs.yaml WebShop env_instruction, verbatim.
+    reference_instruction = (
+        "You are browsing an online shop. Based on the instruction, buy a product that close to the production "
+        "description. You need to search, read the search results, pick a product, choose the size and color and "
+        "buy. You should only choose action from the available actions list provided later.  Example process: I need "
+        "a gingko light and 20x20 pillow cover that is hand painted. First search[gingko light 20x20 pillow cover "
+        "hand painted], answer format: <answer>search[blanket with fleece throw]</answer>. Valid answer is "
+        "search[<keywords>] or click[<clickable>]."
+    )
     max_action_chars = 1024
 
     def __init__(
@@ -212,6 +236,7 @@ class WebShopEnv(BaseTextEnv):
         self._page: dict[str, Any] = {}
         self._reward = 0.0
         self._closed = False
+        self._reference_at_start = True  # the reference shows the goal instruction, not the page, before any action
 
     # ------------------------------------------------------------------ text
     @property
@@ -232,6 +257,15 @@ class WebShopEnv(BaseTextEnv):
         if self.show_available_actions:
             obs += f"\nAvailable actions: {self.available_actions()}"
         return obs
+
+    def reference_state_text(self) -> str:
+        """The reference's rendering (``prepare_render_cache``): the goal instruction at reset, then the page; its
+        shopping tips; the available actions (``click[next >]`` dropped on a last results page, as it does)."""
+        text = self._page.get("instruction", "") if self._reference_at_start else self._page.get("observation", "")
+        actions = self.available_actions()
+        if tuple(actions) == ("click[back to search]", "click[< prev]", "click[next >]"):
+            actions = actions[:2]
+        return text + "." + REFERENCE_TIPS + "\n You must choose from these actions:" + ", ".join(actions) + "."
 
     def state_view(self) -> dict[str, Any]:
         view = {k: v for k, v in self._page.items() if k not in ("observation", "goal")}
@@ -286,6 +320,7 @@ class WebShopEnv(BaseTextEnv):
         # A deterministic session id: the server is stateless, so envs sharing a goal cannot interfere.
         self._page = self._call("/api/page", {"url": f"/{self.split}_{int(index)}", "mode": self.observation_mode})
         self._reward = 0.0
+        self._reference_at_start = True
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         obs, info = super().reset(seed=seed, options=options)
@@ -314,6 +349,7 @@ class WebShopEnv(BaseTextEnv):
         before = self._page.get("url")
         data = self._call("/api/step", {"url": before, "action": action, "mode": self.observation_mode})
         self._page = data["page"]
+        self._reference_at_start = False
         done = bool(data["done"]) and data["valid"]
         reward = float(data["reward"]) if done else 0.0
         self._reward = reward

@@ -18,6 +18,7 @@ import sys
 from dataclasses import MISSING, fields
 from typing import Any, get_type_hints
 
+from ragen_envs.settings import ProtocolSettings
 from ragen_trainer.config import CHOICES, PRESETS, StarPOConfig, apply_overrides, load_config, parse_overrides
 
 #: Exit status after Ctrl-C (the shell's convention for SIGINT).
@@ -47,15 +48,24 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--dry-run", action="store_true", help="print the resolved, validated config and exit")
     group = parser.add_argument_group("config fields (every StarPOConfig field; see docs/training.md)")
     hints = get_type_hints(StarPOConfig)
+    kind_name = {bool: "true/false", int: "int", float: "float", str: "text", list: "list", dict: "YAML mapping"}
     for f in fields(StarPOConfig):
         kind = hints[f.name]
         extra = f"; one of {list(CHOICES[f.name])}" if f.name in CHOICES else ""
-        kind_name = {bool: "true/false", int: "int", float: "float", str: "text", list: "list", dict: "YAML mapping"}
         names = [f"--{f.name}"]
         if "_" in f.name:
             names.append(f"--{f.name.replace('_', '-')}")
         group.add_argument(*names, dest=f"field__{f.name}", default=None, metavar=kind_name.get(kind, "VALUE"),
                            help=f"{f.metadata.get('help', '')} (default: {_default_text(f)}{extra})")
+    protocol = parser.add_argument_group(
+        "turn-protocol settings (fields of the config's `protocol`; default: the env id's reference values)")
+    protocol_hints = get_type_hints(ProtocolSettings)
+    for f in fields(ProtocolSettings):
+        names = [f"--{f.name}"]
+        if "_" in f.name:
+            names.append(f"--{f.name.replace('_', '-')}")
+        protocol.add_argument(*names, dest=f"field__{f.name}", default=None,
+                              metavar=kind_name.get(protocol_hints[f.name], "VALUE"), help=f.metadata.get("help", ""))
     return parser
 
 

@@ -73,14 +73,11 @@ class StarPOConfig:
     # ------------------------------------------------------------------ rollout
     env_groups: int = _f(8, "P: initial states (env seeds) per training step.")
     group_size: int = _f(16, "N: rollouts per initial state (the group GRPO normalises over and StarPO-S ranks).")
-    max_turns: int = _f(5, "Most turns per episode.")
-    actions_per_turn: int = _f(0, "Most actions per turn; 0 keeps the env's default (5; Bandit 1).")
-    enable_think: bool = _f(True, "Ask for <think>...</think> before <answer>; false is the paper's no-think ablation.")
-    reply_prefix: str = _f(
-        "auto",
-        "Text put after the chat template's generation prompt for the model to continue from (prompt tokens, not "
-        "trained; the env gets prefix + reply): auto = the reference's generation prefix, <think> with enable_think "
-        "else <answer>; '' = none; any other text is used as is.",
+    protocol: dict = _f(
+        {},
+        "Turn-protocol settings (ragen_envs.ProtocolSettings fields: max_turns, actions_per_turn, "
+        "max_actions_per_episode, action_sep, enable_think, format_penalty, length_hint, prompt_layout, reply_prefix, "
+        "...) over the env id's reference values. Each field is also a flag (--max_turns 3) and a top-level YAML key.",
     )
     max_new_tokens: int = _f(400, "Most tokens the model may write per turn (the reference's response length).")
     max_context_tokens: int = _f(3600, "Most tokens of a whole conversation; the episode is truncated beyond it.")
@@ -185,10 +182,10 @@ class StarPOConfig:
             _check(ok, f.name, value, f"a {_type_name(expected)}")
         for name, allowed in CHOICES.items():
             _check(getattr(self, name) in allowed, name, getattr(self, name), f"one of {list(allowed)}")
-        for name in ("total_steps", "env_groups", "group_size", "max_turns", "max_new_tokens", "max_context_tokens",
+        for name in ("total_steps", "env_groups", "group_size", "max_new_tokens", "max_context_tokens",
                      "micro_batch_size", "generation_batch_size", "ppo_epochs", "val_groups", "logging_steps"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
-        for name in ("actions_per_turn", "val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank"):
+        for name in ("val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "an int >= 0")
         _check(self.max_new_tokens < self.max_context_tokens, "max_new_tokens", self.max_new_tokens,
                f"an int < max_context_tokens ({self.max_context_tokens})")
@@ -208,8 +205,6 @@ class StarPOConfig:
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1]")
         _check(self.temperature > 0.0, "temperature", self.temperature,
                "a number > 0 (training log-probs are taken at the sampling temperature)")
-        _check("\x00" not in self.reply_prefix, "reply_prefix", self.reply_prefix,
-               "'auto', '' or the prefix text (no NUL characters)")
         _check(self.lora_alpha >= 1, "lora_alpha", self.lora_alpha, "an int >= 1")
         _check(self.lora_target_modules.strip() != "", "lora_target_modules", self.lora_target_modules,
                "'all-linear' or comma-separated module names like 'q_proj,v_proj'")
@@ -227,15 +222,45 @@ class StarPOConfig:
         if self.adv_estimator == "grpo":
             _check(self.group_size >= 2 or not self.grpo_norm_by_std, "group_size", self.group_size,
                    "an int >= 2 for grpo (a group of one has no baseline)")
+        self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
         if self.engine == "vllm":
             _check(self.engine_url.startswith(("http://", "https://")), "engine_url", self.engine_url,
                    f"an http(s) URL of the {self.engine} server when engine={self.engine!r}")
         return self
 
+    def protocol_settings(self) -> Any:
+        """The :class:`ragen_envs.ProtocolSettings` the run's env plays with: the env id's reference values, then
+        ``protocol``, then protocol fields inside ``env_kwargs``; a field set in both places to different values is a
+        ``ValueError`` naming both."""
+        from ragen_envs import reference_settings
+        from ragen_envs.settings import FIELD_NAMES, merge_settings
+
+        try:
+            base = reference_settings(self.env_id)
+        except ValueError as exc:
+            raise ValueError(f"invalid config field env_id={self.env_id!r}: {exc}") from None
+        in_env_kwargs = {k: v for k, v in self.env_kwargs.items() if k in FIELD_NAMES}
+        try:
+            return merge_settings(base, [("config field protocol", self.protocol), ("config field env_kwargs",
+                                                                                     in_env_kwargs)])
+        except ValueError as exc:
+            raise ValueError(f"invalid config: {exc}") from None
+
+    def env_make_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``gymnasium.make(env_id, ...)``: the env's own ``env_kwargs`` and the resolved
+        protocol settings (so the env plays exactly :meth:`protocol_settings`)."""
+        from ragen_envs.settings import FIELD_NAMES
+
+        kwargs = {k: v for k, v in self.env_kwargs.items() if k not in FIELD_NAMES and k != "protocol"}
+        kwargs["protocol"] = self.protocol_settings()
+        return kwargs
+
     @property
     def kept_groups(self) -> int:
-        """Initial-state groups kept per step by StarPO-S filtering (at least one)."""
-        return max(1, min(self.env_groups, math.ceil(self.env_groups * self.filter_ratio - 1e-9)))
+        """Initial-state groups kept per step by StarPO-S filtering (:func:`ragen_trainer.filtering.num_kept`)."""
+        from ragen_trainer.filtering import num_kept
+
+        return num_kept(self.env_groups, self.filter_ratio)
 
     @property
     def use_critic(self) -> bool:
@@ -271,7 +296,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "adv_estimator": "grpo", "critic": "none"}),
     "starpo-s-std-rev": ("ablation: keep the lowest-variance groups (std_rev)", {"filter_mode": "std_rev"}),
     "starpo-s-bilevel": ("ablation: bi-level GAE (turn gamma 0.95, then token level)", {"adv_estimator": "bilevel_gae"}),
-    "starpo-s-no-think": ("ablation: no <think> block (paper Table 4, no-think column)", {"enable_think": False}),
+    "starpo-s-no-think": ("ablation: no <think> block (paper Table 4, no-think column)", {
+        "protocol": {"enable_think": False}}),
     "starpo-s-no-clip-higher": ("ablation: symmetric clip 0.2/0.2", {"clip_high": 0.2}),
     "starpo-s-kl": ("ablation: StarPO-S with the KL term kept (0.001)", {"kl_coef": 0.001}),
     "starpo-s-value-model": ("StarPO-S with a separate value model instead of a value head", {
@@ -325,13 +351,24 @@ def field_names() -> list[str]:
 
 def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
     """A copy of ``cfg`` with ``changes``; text values are parsed by the field's type. Unknown names raise."""
+    from ragen_envs.settings import FIELD_NAMES, ProtocolSettings
+
     hints = get_type_hints(StarPOConfig)
+    protocol_hints = get_type_hints(ProtocolSettings)
     names = field_names()
-    out = dataclasses.replace(cfg)
+    out = dataclasses.replace(cfg, protocol=dict(cfg.protocol), env_kwargs=dict(cfg.env_kwargs))
     for key, value in changes.items():
         key = str(key).replace("-", "_")
+        if key in FIELD_NAMES and key not in names:  # a protocol setting given as a flag or top-level YAML key
+            if isinstance(value, str) and protocol_hints[key] is not str:
+                value = parse_value(key, value, protocol_hints[key])
+            out.protocol[key] = value
+            continue
+        if key == "protocol" and isinstance(value, dict):  # merged field by field, so layers compose
+            out.protocol.update(value)
+            continue
         if key not in names:
-            close = difflib.get_close_matches(key, names, n=3)
+            close = difflib.get_close_matches(key, names + list(FIELD_NAMES), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ValueError(f"unknown config field {key!r}{hint} (see `ragen-trainer train --help`)")
         if isinstance(value, str) and hints[key] is not str:

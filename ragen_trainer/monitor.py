@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_envs.core import check_arg
+from ragen_trainer.filtering import in_group_std
 from ragen_trainer.trajectory import RolloutBatch
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,8 @@ def rollout_metrics(batch: RolloutBatch, tokenizer: Any = None) -> dict[str, flo
         return {}
     rewards = [t.reward for t in trajs]
     groups = batch.groups()
-    group_stds = [_std([t.reward for t in members]) for members in groups.values()]
+    # The same in-group std the StarPO-S filter ranks by (sample std, as the reference's torch.std).
+    group_stds = [in_group_std([t.reward for t in members]) for members in groups.values()]
 
     reply_lengths: list[int] = []
     for t in trajs:

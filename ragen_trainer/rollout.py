@@ -1,15 +1,15 @@
-"""Multi-turn rollouts: P initial states x N rollouts each, on any registered text env.
+"""Multi-turn rollouts: P initial states x N rollouts each, on any registered text env, with a model.
 
-For each seed, ``group_size`` envs are made with ``gymnasium.make(env_id, **env_kwargs)`` and reset with that seed, so
-the N rollouts of a group start from the same initial state (the GRPO / StarPO-S group). The env's own randomness
-after reset (FrozenLake's slippery moves, the Bandit's payout draw) comes from the same seed too, so within a group
-only the model's choices differ, as in the reference code. Each episode is a chat::
+Episodes are played by the one episode driver (:func:`ragen_envs.driver.play_episodes`, the same loop evaluation
+uses) with :class:`TokenAgent`, which generates and keeps the tokens. The N rollouts of a group reset with the group's
+seed, hence the same initial state (the GRPO / StarPO-S group); rollout 0 keeps the env's own randomness from that
+seed and each further rollout draws its own (the driver's ``dynamics_seed``). Each episode is a chat::
 
     system: reset info["system_prompt"]     user: observation     assistant: reply     user: next observation ...
 
 Every turn, the replies of all live episodes are generated in one batched call, each reply is passed to its env's
-``step``, and the episode ends when the env says so (terminated or truncated), after ``max_turns`` turns, or when the
-context (``max_context_tokens``) is full (``truncated=True``).
+``step``, and the episode ends when the env says so (terminated or truncated: the protocol's ``max_turns`` and action
+budget are the only turn limits) or when the context (``max_context_tokens``) is full (``truncated=True``).
 
 Tokens (the loss mask). The conversation's ``input_ids`` are built incrementally and **the model's sampled tokens are
 never re-tokenised**: generation at turn t+1 continues from exactly the tokens the model produced at turn t, and the
@@ -42,8 +42,8 @@ of the conversation (the template writes the assistant content right after the g
 tokenised on its own; since it follows the generation prompt's newline and the model's reply follows it, the only
 difference from tokenising the whole rendering at once is a possible merge across the prefix/reply boundary (e.g.
 ``"<answer>"`` + ``"Left"``), which changes no text and is harmless: generation continues from exactly these ids and
-the trainer scores exactly these ids. ``reply_prefix="auto"`` picks the tag from each env's ``TurnProtocol``
-(``enable_think``); ``""`` turns the prefix off.
+the trainer scores exactly these ids. The prefix is each env's ``ProtocolSettings.generation_prefix``
+(``reply_prefix``: ``"auto"`` picks the tag by ``enable_think``; ``""`` turns the prefix off).
 
 Chat engines (an OpenAI-compatible API) return text only: their replies are re-tokenised to fill ``input_ids`` and
 the trajectory is flagged ``eval_only`` (no log-probs; never train on it).
@@ -55,19 +55,18 @@ trajectory sum on the last model token or each turn's reward on the last token o
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Literal
 
-import numpy as np
-
 from ragen_envs.core import check_arg
+from ragen_envs.driver import AgentReply, Episode, play_episodes, rollout_jobs
+from ragen_envs.settings import AUTO_PREFIX, ProtocolSettings
 from ragen_trainer.engines.base import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationResult, SamplingParams
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
 
 #: Stands in for the latest reply when the chat template is rendered to find the text that follows a reply.
 _PLACEHOLDER = "RAGEN_REPLY_PLACEHOLDER_7f3a"
-#: ``reply_prefix`` value that picks the reference's generation prefix from the env's protocol.
-AUTO_PREFIX = "auto"
 #: Per-turn sampling seeds are ``seed + turn * _SEED_STRIDE`` (distinct streams per turn, reproducible per run).
 _SEED_STRIDE = 1_000_003
 
@@ -99,7 +98,7 @@ class ChatTokens:
         try:
             probe = "RAGEN_SYSTEM_PROBE"
             text = self._render([{"role": "system", "content": probe}, {"role": "user", "content": "U"}], True)
-        except Exception:  # noqa: BLE001 - templates raise jinja errors of their own for unsupported roles
+        except Exception:
             return False
         return probe in text  # some templates silently drop the system message
 
@@ -153,76 +152,199 @@ class ChatTokens:
         return tokens
 
 
-@dataclass
-class _Episode:
-    """Mutable state of one live episode (becomes a :class:`Trajectory`)."""
-
-    group_id: int
-    seed: int
-    env: Any
-    messages: list[dict[str, str]]
-    prefix: str = ""
-    prefix_ids: list[int] = field(default_factory=list)
-    input_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = field(default_factory=list)
-    turn_spans: list[tuple[int, int]] = field(default_factory=list)
-    turn_rewards: list[float] = field(default_factory=list)
-    replies: list[str] = field(default_factory=list)
-    infos: list[dict[str, Any]] = field(default_factory=list)
-    finish_reasons: list[str] = field(default_factory=list)
-    success: bool = False
-    done: bool = False
-    truncated: bool = False
-
-    def add_tokens(self, ids: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
-        self.input_ids.extend(ids)
-        self.loss_mask.extend([1 if trained else 0] * len(ids))
-        if self.logprobs is not None:
-            if trained and logprobs is None:
-                self.logprobs = None  # the engine gave none: the trainer recomputes them
-            else:
-                self.logprobs.extend(logprobs if trained and logprobs is not None else [0.0] * len(ids))
+def check_prefix_supported(engine: GenerationEngine, settings: ProtocolSettings, where: str) -> None:
+    """A chat engine (text in, text out) cannot continue a partial reply: it gets whole messages and no generation
+    prefix, so an explicit non-empty ``reply_prefix`` cannot be honoured with it (``"auto"`` and ``""`` can)."""
+    if not getattr(engine, "supports_token_ids", True) and settings.reply_prefix not in (AUTO_PREFIX, ""):
+        raise ValueError(
+            f"invalid reply_prefix={settings.reply_prefix!r} for {where}: {type(engine).__name__} cannot continue a "
+            "partial reply (a chat engine gets whole messages); use 'auto' or ''"
+        )
 
 
-def dynamics_seed(seed: int, rollout_index: int) -> int:
-    """The env-randomness seed of rollout ``rollout_index`` of the group started from ``seed`` (stable, distinct)."""
-    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, rollout_index]).generate_state(1)[0])
+def _sampling_seed(base: int | None, turn: int) -> int | None:
+    return None if base is None else base + turn * _SEED_STRIDE
 
 
-def protocol_enable_think(env: Any) -> bool | None:
-    """``enable_think`` of the :class:`~ragen_envs.protocol.TurnProtocol` in ``env``'s wrapper chain (``None``: none)."""
-    current = env
-    for _ in range(32):  # wrapper chains are short; the bound guards against a cycle
-        if hasattr(current, "enable_think") and isinstance(current.enable_think, bool):
-            return bool(current.enable_think)
-        nxt = getattr(current, "env", None)
-        if nxt is None or nxt is current:
-            return None
-        current = nxt
-    return None
+class TokenAgent:
+    """An agent for :func:`ragen_envs.driver.play_episodes` that generates with an engine and keeps every episode's
+    exact token ids, loss mask, log-probs and turn spans in ``episode.memory["tokens"]`` (see the module docstring).
+
+    Each call generates the replies of all live episodes in one engine call. The first call of an episode encodes its
+    chat up to the generation prompt; later calls append only the template's delta after the previous reply (end of
+    turn, the new observation, the next generation prompt). Every prompt ends with the episode protocol's generation
+    prefix (``ProtocolSettings.generation_prefix``: ``<think>`` / ``<answer>`` by ``enable_think``, the reference's),
+    and the env receives ``prefix + reply``. A chat engine (text only) gets the messages and no prefix.
+
+    Args:
+        engine: a token engine (trainable trajectories) or a chat engine (``eval_only`` trajectories).
+        tokenizer: the policy's tokenizer (``None`` only with a chat engine: no token ids are then kept).
+        sampling: decoding settings; the sampling seed of each call is ``seed_for(episodes, turn)``.
+        max_context_tokens: the longest a conversation may grow; an episode whose next prompt would not leave room
+            for one generated token ends (truncated, ``stop="context full"``), and a reply that would overflow is cut.
+        seed_for: the sampling seed of a call from its live episodes and the turn index; default
+            ``sampling.seed + turn * 1000003`` (distinct streams per turn, reproducible per run).
+    """
+
+    def __init__(
+        self,
+        engine: GenerationEngine,
+        tokenizer: Any,
+        sampling: SamplingParams,
+        *,
+        max_context_tokens: int = 3600,
+        seed_for: Callable[[list[Episode], int], int | None] | None = None,
+    ) -> None:
+        check_arg(isinstance(sampling, SamplingParams), "sampling", type(sampling).__name__, "a SamplingParams")
+        check_arg(
+            isinstance(max_context_tokens, int) and max_context_tokens >= 2,
+            "max_context_tokens",
+            max_context_tokens,
+            "an int >= 2",
+        )
+        self.engine = engine
+        self.token_engine = bool(getattr(engine, "supports_token_ids", True))
+        if self.token_engine:
+            check_arg(tokenizer is not None, "tokenizer", tokenizer, "the policy's tokenizer (a token engine needs one)")
+        self.chat = ChatTokens(tokenizer) if tokenizer is not None else None
+        self.sampling = sampling
+        self.max_context_tokens = max_context_tokens
+        self.seed_for = seed_for or (lambda episodes, turn: _sampling_seed(sampling.seed, turn))
+        self.timings = {"generation": 0.0, "tokenization": 0.0}
+        self._prefix_ids: dict[str, list[int]] = {}
+
+    # ---------------------------------------------------------------- per-episode token state
+    def _state(self, episode: Episode) -> dict[str, Any]:
+        state = episode.memory.get("tokens")
+        if state is None:
+            settings = episode.protocol.settings
+            check_prefix_supported(self.engine, settings, episode.env_name)
+            prefix = settings.generation_prefix if self.token_engine else ""
+            state = {"prefix": prefix, "input_ids": [], "loss_mask": [], "logprobs": [], "spans": [],
+                     "finish_reasons": [], "last_reply_ids": []}  # fmt: skip
+            episode.memory["tokens"] = state
+        return state
+
+    def _prefix(self, prefix: str) -> list[int]:
+        assert self.chat is not None
+        if prefix not in self._prefix_ids:
+            self._prefix_ids[prefix] = self.chat.encode(prefix) if prefix else []
+        return self._prefix_ids[prefix]
+
+    def _extend_prompt(self, episode: Episode, state: dict[str, Any]) -> bool:
+        """Append the env's tokens up to the next generation point (mask 0); ``False`` when they do not fit."""
+        assert self.chat is not None
+        if not state["input_ids"]:
+            ids = self.chat.prompt_ids(episode.messages) + self._prefix(state["prefix"])
+            if len(ids) >= self.max_context_tokens:
+                raise ValueError(
+                    f"invalid argument max_context_tokens={self.max_context_tokens}: the first prompt of "
+                    f"{episode.env_id} (seed {episode.seed}) is already {len(ids)} tokens"
+                )
+        else:
+            history, observation = episode.messages[:-2], episode.messages[-1]["content"]
+            ids = self.chat.delta_ids(history, state["last_reply_ids"], observation) + self._prefix(state["prefix"])
+            # Room for the delta and at least one generated token, or the context is full.
+            if len(state["input_ids"]) + len(ids) >= self.max_context_tokens:
+                return False
+        _add(state, ids, trained=False)
+        return True
+
+    # ---------------------------------------------------------------- the agent
+    def reply_batch(self, episodes: list[Episode]) -> list[AgentReply]:
+        replies: list[AgentReply] = [AgentReply("", stop="context full") for _ in episodes]
+        t0 = time.perf_counter()
+        ready: list[int] = []
+        for i, episode in enumerate(episodes):
+            state = self._state(episode)
+            if self.chat is None or self._extend_prompt(episode, state):
+                ready.append(i)
+        self.timings["tokenization"] += time.perf_counter() - t0
+        if not ready:
+            return replies
+
+        turn = max(len(episodes[i].turns) for i in ready)
+        params = self.sampling.with_seed(self.seed_for([episodes[i] for i in ready], turn))
+        states = [episodes[i].memory["tokens"] for i in ready]
+        if self.chat is not None and self.token_engine:
+            # Never sample more than the roomiest live context can hold (longer replies would be cut anyway).
+            room = max(self.max_context_tokens - len(st["input_ids"]) for st in states)
+            if room < params.max_new_tokens:
+                params = replace(params, max_new_tokens=max(room, 1))
+        t0 = time.perf_counter()
+        if self.token_engine:
+            results = self.engine.generate([st["input_ids"] for st in states], params)
+        else:
+            results = self.engine.generate_chat([_plain_messages(episodes[i].messages) for i in ready], params)
+        self.timings["generation"] += time.perf_counter() - t0
+        if len(results) != len(ready):
+            raise RuntimeError(f"{type(self.engine).__name__} returned {len(results)} replies for {len(ready)} prompts")
+
+        t0 = time.perf_counter()
+        for i, state, result in zip(ready, states, results):
+            result = self._fit(state, result)
+            start = len(state["input_ids"])
+            if result.token_ids:
+                _add(state, result.token_ids, trained=True, logprobs=result.logprobs)
+            state["spans"].append((start, len(state["input_ids"])))
+            state["finish_reasons"].append(result.finish_reason)
+            state["last_reply_ids"] = result.token_ids
+            # The reply as the env and the chat see it: the prefix the model continued from, then its text.
+            replies[i] = AgentReply(state["prefix"] + result.text, len(result.token_ids) or None)
+        self.timings["tokenization"] += time.perf_counter() - t0
+        return replies
+
+    def _fit(self, state: dict[str, Any], result: GenerationResult) -> GenerationResult:
+        """Re-tokenise chat-engine replies, and cut a reply that would overflow the context."""
+        ids = list(result.token_ids)
+        logprobs = list(result.logprobs) if result.logprobs is not None else None
+        if not self.token_engine:
+            ids = self.chat.encode(result.text) if self.chat is not None else []
+            logprobs = None
+        room = self.max_context_tokens - len(state["input_ids"])
+        if self.chat is not None and len(ids) > room:
+            ids = ids[: max(room, 0)]
+            logprobs = logprobs[: len(ids)] if logprobs is not None else None
+            text = self.chat.tokenizer.decode(ids, skip_special_tokens=True)
+            return GenerationResult(token_ids=ids, text=text, logprobs=logprobs, finish_reason=FINISH_LENGTH)
+        if ids == result.token_ids and logprobs == result.logprobs:
+            return result
+        return GenerationResult(
+            token_ids=ids, text=result.text, logprobs=logprobs, finish_reason=result.finish_reason or FINISH_STOP
+        )
+
+    def trajectory(self, episode: Episode) -> Trajectory:
+        """The :class:`Trajectory` of a finished episode played by this agent."""
+        state = episode.memory.get("tokens") or {"input_ids": [], "loss_mask": [], "logprobs": [], "spans": [],
+                                                   "finish_reasons": []}  # fmt: skip
+        trainable = self.token_engine and self.chat is not None
+        return Trajectory(
+            group_id=episode.group_id,
+            seed=episode.seed,
+            env_id=episode.env_id,
+            messages=episode.messages,
+            input_ids=state["input_ids"],
+            loss_mask=state["loss_mask"],
+            turn_spans=state["spans"][: len(episode.turns)],
+            turn_rewards=[t.reward for t in episode.turns],
+            success=episode.success,
+            replies=[t.reply for t in episode.turns],
+            infos=[dict(t.info) for t in episode.turns],
+            old_logprobs=state["logprobs"] if trainable else None,
+            truncated=episode.truncated,
+            finish_reasons=state["finish_reasons"][: len(episode.turns)],
+            eval_only=not self.token_engine,
+        )
 
 
-def resolve_reply_prefix(reply_prefix: str, env: Any) -> str:
-    """The prefix text for ``env``: ``"auto"`` -> ``"<think>"`` / ``"<answer>"`` by the env protocol's
-    ``enable_think`` (``""`` for an env without a turn protocol); any other string is used as is."""
-    if reply_prefix != AUTO_PREFIX:
-        return reply_prefix
-    think = protocol_enable_think(env)
-    if think is None:
-        return ""
-    return "<think>" if think else "<answer>"
-
-
-def check_reply_prefix(reply_prefix: Any) -> str:
-    """Validate a ``reply_prefix`` argument (``"auto"``, ``""`` or any other text); returns it."""
-    check_arg(
-        isinstance(reply_prefix, str) and "\x00" not in reply_prefix,
-        "reply_prefix",
-        reply_prefix,
-        "'auto' (the reference's <think>/<answer> by the env's enable_think), '' (no prefix) or the prefix text",
-    )
-    return reply_prefix
+def _add(state: dict[str, Any], ids: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
+    state["input_ids"].extend(ids)
+    state["loss_mask"].extend([1 if trained else 0] * len(ids))
+    if state["logprobs"] is not None:
+        if trained and logprobs is None:
+            state["logprobs"] = None  # the engine gave none: the trainer recomputes them
+        else:
+            state["logprobs"].extend(logprobs if trained and logprobs is not None else [0.0] * len(ids))
 
 
 def collect_rollouts(
@@ -233,13 +355,12 @@ def collect_rollouts(
     group_size: int,
     *,
     env_kwargs: dict[str, Any] | None = None,
-    max_turns: int | None = None,
     sampling: SamplingParams,
     max_context_tokens: int = 3600,
     progress: bool = False,
-    reply_prefix: str = AUTO_PREFIX,
 ) -> RolloutBatch:
-    """Run ``len(seeds) x group_size`` episodes of ``env_id`` with ``engine`` and return them tokenised.
+    """Run ``len(seeds) x group_size`` episodes of ``env_id`` with ``engine`` through the episode driver
+    (:func:`ragen_envs.driver.play_episodes`) and return them tokenised.
 
     Args:
         engine: a token engine (``HFEngine``, ``VLLMEngine``: trainable trajectories) or a chat engine
@@ -249,17 +370,11 @@ def collect_rollouts(
         env_id: a registered id, e.g. ``"ragen/Sokoban-v0"``.
         seeds: one initial state per seed (P = ``len(seeds)``); group ``i`` uses ``seeds[i]``.
         group_size: rollouts per initial state (N).
-        env_kwargs: keyword arguments for ``gymnasium.make``.
-        max_turns: stop an episode after this many turns (``truncated``); ``None``: only the env's own limit.
+        env_kwargs: keyword arguments for ``gymnasium.make`` (env arguments, ``protocol=`` settings).
         sampling: decoding settings; with ``sampling.seed`` set, turn ``t`` samples with ``seed + t * 1000003``.
         max_context_tokens: the longest a conversation may grow (prompt + replies); an episode that fills it ends
             ``truncated`` and a reply that would overflow it is cut.
         progress: show a progress bar (episodes finished, current turn).
-        reply_prefix: text put after each generation prompt for the model to continue from (prompt tokens,
-            ``loss_mask`` 0); the env gets ``prefix + reply``. ``"auto"`` (default, as the reference): ``"<think>"``
-            or ``"<answer>"`` by the env protocol's ``enable_think``; ``""``: none. Chat engines cannot be given a
-            partial assistant message, so with them ``"auto"`` means no prefix and any other non-empty prefix is
-            an error.
 
     Returns:
         A :class:`RolloutBatch` ordered group by group (``group_id`` = index into ``seeds``), with ``timings``
@@ -272,203 +387,25 @@ def collect_rollouts(
     check_arg(
         isinstance(env_id, str) and env_id != "", "env_id", env_id, "a registered gymnasium id like 'ragen/Bandit-v0'"
     )
-    check_arg(
-        isinstance(seeds, (list, tuple))
-        and len(seeds) > 0
-        and all(isinstance(s, int) and not isinstance(s, bool) for s in seeds),
-        "seeds",
-        seeds,
-        "a non-empty list of ints",
-    )
-    check_arg(
-        isinstance(group_size, int) and not isinstance(group_size, bool) and group_size >= 1,
-        "group_size",
-        group_size,
-        "an int >= 1",
-    )
-    check_arg(
-        max_turns is None or (isinstance(max_turns, int) and max_turns >= 1),
-        "max_turns",
-        max_turns,
-        "None or an int >= 1",
-    )
-    check_arg(isinstance(sampling, SamplingParams), "sampling", type(sampling).__name__, "a SamplingParams")
-    check_arg(
-        isinstance(max_context_tokens, int) and max_context_tokens >= 2,
-        "max_context_tokens",
-        max_context_tokens,
-        "an int >= 2",
-    )
+    check_arg(isinstance(seeds, (list, tuple)) and len(seeds) > 0, "seeds", seeds, "a non-empty list of ints")
     check_arg(env_kwargs is None or isinstance(env_kwargs, dict), "env_kwargs", env_kwargs, "None or a dict")
-    check_reply_prefix(reply_prefix)
     if env_id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("ragen/"))
         raise ValueError(f"invalid argument env_id={env_id!r}: not a registered gymnasium id; ragen ids: {known}")
-
-    token_engine = bool(getattr(engine, "supports_token_ids", True))
-    if token_engine:
-        check_arg(tokenizer is not None, "tokenizer", tokenizer, "the policy's tokenizer (a token engine needs one)")
-    else:
-        check_arg(
-            reply_prefix in (AUTO_PREFIX, ""),
-            "reply_prefix",
-            reply_prefix,
-            f"'auto' or '' with the chat engine {type(engine).__name__} (it cannot continue a partial reply)",
-        )
-    chat = ChatTokens(tokenizer) if tokenizer is not None else None
-    timings = {"generation": 0.0, "environment": 0.0, "tokenization": 0.0}
+    agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens)
+    jobs = rollout_jobs(list(seeds), group_size)
     started = time.perf_counter()
-
-    # ---- make and reset the envs: the N rollouts of group g share seeds[g], hence the initial state
-    episodes: list[_Episode] = []
-    t0 = time.perf_counter()
-    for group_id, seed in enumerate(seeds):
-        for rollout_index in range(group_size):
-            env = gym.make(env_id, **(env_kwargs or {}))
-            # Same initial state for the whole group (seed), independent env randomness per rollout (dynamics_seed).
-            observation, info = env.reset(seed=seed, options={"dynamics_seed": dynamics_seed(seed, rollout_index)})
-            system = info.get("system_prompt") or ""
-            messages = [{"role": "system", "content": system}] if system else []
-            messages.append({"role": "user", "content": observation})
-            prefix = resolve_reply_prefix(reply_prefix, env) if token_engine else ""
-            episodes.append(_Episode(group_id=group_id, seed=seed, env=env, messages=messages, prefix=prefix))
-    timings["environment"] += time.perf_counter() - t0
-
-    t0 = time.perf_counter()
-    if chat is not None:
-        prefix_cache: dict[str, list[int]] = {}
-        for ep in episodes:
-            if ep.prefix and ep.prefix not in prefix_cache:
-                prefix_cache[ep.prefix] = chat.encode(ep.prefix)
-            ep.prefix_ids = prefix_cache.get(ep.prefix, [])
-            # The generation prompt, then the reply prefix: both prompt (mask 0); the model continues after them.
-            ep.add_tokens(chat.prompt_ids(ep.messages) + ep.prefix_ids, trained=False)
-            if len(ep.input_ids) >= max_context_tokens:
-                raise ValueError(
-                    f"invalid argument max_context_tokens={max_context_tokens}: the first prompt of {env_id} "
-                    f"(seed {ep.seed}) is already {len(ep.input_ids)} tokens"
-                )
-    timings["tokenization"] += time.perf_counter() - t0
-
-    bar = _progress_bar(progress, len(episodes), env_id)
-    turn = 0
+    bar = _progress_bar(progress, len(jobs), env_id)
     try:
-        while True:
-            live = [ep for ep in episodes if not ep.done]
-            if not live:
-                break
-            params = sampling.with_seed(None if sampling.seed is None else sampling.seed + turn * _SEED_STRIDE)
-            if chat is not None and token_engine:
-                # Never sample more than the roomiest live context can hold (longer replies would be cut anyway).
-                room = max(max_context_tokens - len(ep.input_ids) for ep in live)
-                if room < params.max_new_tokens:
-                    params = replace(params, max_new_tokens=max(room, 1))
-
-            # ---- one batched generation over every live episode
-            t0 = time.perf_counter()
-            if token_engine:
-                results = engine.generate([ep.input_ids for ep in live], params)
-            else:
-                results = engine.generate_chat([_plain_messages(ep.messages) for ep in live], params)
-            timings["generation"] += time.perf_counter() - t0
-            if len(results) != len(live):
-                raise RuntimeError(f"{type(engine).__name__} returned {len(results)} replies for {len(live)} prompts")
-
-            for ep, result in zip(live, results):
-                t0 = time.perf_counter()
-                result = _fit_reply(ep, result, token_engine, chat, max_context_tokens)
-                start = len(ep.input_ids)
-                if result.token_ids:
-                    ep.add_tokens(result.token_ids, trained=True, logprobs=result.logprobs)
-                ep.turn_spans.append((start, len(ep.input_ids)))
-                # The reply as the env and the chat see it: the prefix the model continued from, then its text.
-                reply_text = ep.prefix + result.text
-                ep.replies.append(reply_text)
-                ep.finish_reasons.append(result.finish_reason)
-                history = list(ep.messages)
-                ep.messages.append({"role": "assistant", "content": reply_text})
-                timings["tokenization"] += time.perf_counter() - t0
-
-                t0 = time.perf_counter()
-                observation, reward, terminated, truncated, info = ep.env.step(reply_text)
-                timings["environment"] += time.perf_counter() - t0
-                ep.turn_rewards.append(float(reward))
-                ep.infos.append(dict(info))
-                ep.success = bool(info.get("success", False))
-                ep.messages.append({"role": "user", "content": observation})
-                if terminated or truncated:
-                    ep.done, ep.truncated = True, bool(truncated and not terminated)
-                    continue
-                if max_turns is not None and len(ep.turn_rewards) >= max_turns:
-                    ep.done, ep.truncated = True, True
-                    continue
-
-                # ---- the env's text for the next turn, as a template delta (mask 0)
-                t0 = time.perf_counter()
-                if chat is not None:
-                    delta = chat.delta_ids(history, result.token_ids, observation) + ep.prefix_ids
-                    # Room for the delta and at least one generated token, or the context is full.
-                    if len(ep.input_ids) + len(delta) >= max_context_tokens:
-                        ep.done, ep.truncated = True, True
-                    else:
-                        ep.add_tokens(delta, trained=False)
-                timings["tokenization"] += time.perf_counter() - t0
-
-            turn += 1
-            if bar is not None:
-                finished = sum(ep.done for ep in episodes)
-                bar.update(finished - bar.n)
-                bar.set_postfix(turn=turn, live=len(episodes) - finished)
+        episodes = play_episodes(env_id, jobs, agent, env_kwargs=env_kwargs, on_error="raise", progress=bar)
     finally:
         if bar is not None:
             bar.close()
-        for ep in episodes:
-            ep.env.close()
-
-    trajectories = [
-        Trajectory(
-            group_id=ep.group_id,
-            seed=ep.seed,
-            env_id=env_id,
-            messages=ep.messages,
-            input_ids=ep.input_ids,
-            loss_mask=ep.loss_mask,
-            turn_spans=ep.turn_spans,
-            turn_rewards=ep.turn_rewards,
-            success=ep.success,
-            replies=ep.replies,
-            infos=ep.infos,
-            old_logprobs=ep.logprobs if (token_engine and chat is not None) else None,
-            truncated=ep.truncated,
-            finish_reasons=ep.finish_reasons,
-            eval_only=not token_engine,
-        )
-        for ep in episodes
-    ]
-    timings["total"] = time.perf_counter() - started
-    return RolloutBatch(trajectories=trajectories, timings=timings)
-
-
-def _fit_reply(
-    ep: _Episode, result: GenerationResult, token_engine: bool, chat: ChatTokens | None, max_context_tokens: int
-) -> GenerationResult:
-    """Re-tokenise chat-engine replies, and cut a reply that would overflow the context."""
-    ids = list(result.token_ids)
-    logprobs = list(result.logprobs) if result.logprobs is not None else None
-    if not token_engine:
-        ids = chat.encode(result.text) if chat is not None else []
-        logprobs = None
-    room = max_context_tokens - len(ep.input_ids)
-    if chat is not None and len(ids) > room:
-        ids = ids[: max(room, 0)]
-        logprobs = logprobs[: len(ids)] if logprobs is not None else None
-        text = chat.tokenizer.decode(ids, skip_special_tokens=True)
-        return GenerationResult(token_ids=ids, text=text, logprobs=logprobs, finish_reason=FINISH_LENGTH)
-    if ids == result.token_ids and logprobs == result.logprobs:
-        return result
-    return GenerationResult(
-        token_ids=ids, text=result.text, logprobs=logprobs, finish_reason=result.finish_reason or FINISH_STOP
-    )
+    total = time.perf_counter() - started
+    timings = dict(agent.timings)
+    timings["environment"] = max(total - timings["generation"] - timings["tokenization"], 0.0)
+    timings["total"] = total
+    return RolloutBatch(trajectories=[agent.trajectory(e) for e in episodes], timings=timings)
 
 
 def _plain_messages(messages: list[dict[str, str]]) -> list[dict[str, str]]:
@@ -509,11 +446,9 @@ def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = 
 
 
 __all__ = [
-    "AUTO_PREFIX",
     "ChatTokens",
-    "check_reply_prefix",
+    "TokenAgent",
+    "check_prefix_supported",
     "collect_rollouts",
     "placed_rewards",
-    "protocol_enable_think",
-    "resolve_reply_prefix",
 ]

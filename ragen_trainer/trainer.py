@@ -193,6 +193,8 @@ class StarPOTrainer(Trainer):
         from accelerate import PartialState
 
         self.cfg = config.validate()
+        # Record the run's whole protocol (the env's reference values included) in config.yaml and every checkpoint.
+        self.cfg.protocol = self.cfg.protocol_settings().to_dict()
         if getattr(tokenizer, "pad_token_id", None) is None:
             tokenizer.pad_token = tokenizer.eos_token
         world = PartialState().num_processes
@@ -333,10 +335,7 @@ class StarPOTrainer(Trainer):
         cfg = self.cfg
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         local = list(range(rank, len(seeds), world))
-        env_kwargs = dict(cfg.env_kwargs)
-        env_kwargs.setdefault("enable_think", cfg.enable_think)
-        if cfg.actions_per_turn:
-            env_kwargs.setdefault("actions_per_turn", cfg.actions_per_turn)
+        env_kwargs = cfg.env_make_kwargs()  # the env's arguments and exactly the run's protocol settings
         params = SamplingParams(
             temperature=temperature,
             top_p=cfg.top_p,
@@ -351,9 +350,8 @@ class StarPOTrainer(Trainer):
                 self._sync_engine(unwrapped)
                 batch = collect_rollouts(
                     self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local], group_size,
-                    env_kwargs=env_kwargs, max_turns=cfg.max_turns, sampling=params,
-                    max_context_tokens=cfg.max_context_tokens, progress=self.accelerator.is_main_process,
-                    reply_prefix=cfg.reply_prefix,
+                    env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
+                    progress=self.accelerator.is_main_process,
                 )
             for t in batch.trajectories:  # local group index -> global group index
                 t.group_id = local[t.group_id]
@@ -688,6 +686,7 @@ class StarPOTrainer(Trainer):
             "env_id": self.cfg.env_id,
             "model": self.cfg.model,
             "critic": self.cfg.critic if critic_state else None,
+            "protocol": dict(self.cfg.protocol),  # the turn protocol it was trained under, generation prefix included
             "config": self.cfg.to_dict(),
         })
 

@@ -3,7 +3,7 @@
 #   1. every env played by scripted agents (ragen-demo);
 #   2. StarPO-S on Bandit with the bundled SmolLM2-135M-Instruct;
 #   3. the model before and after training, and the random / oracle reference agents, on the seed-pinned
-#      bandit-bare-v1 suite (Bandit and its generalisation splits BanditTest and BanditRev);
+#      bandit-bare-v2 suite (Bandit and its generalisation splits BanditTest and BanditRev);
 #   4. a leaderboard (Markdown + HTML) of those four results.
 # Everything lands in $RAGEN_OUT (default runs/quickstart). RAGEN_STEPS sets the training steps.
 set -euo pipefail
@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 
 OUT=${RAGEN_OUT:-runs/quickstart}
 STEPS=${RAGEN_STEPS:-10}
-SUITE=bandit-bare-v1
+SUITE=bandit-bare-v2
 RESULTS="$OUT/results"
 mkdir -p "$RESULTS"
 start=$(date +%s)

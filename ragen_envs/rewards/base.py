@@ -8,17 +8,7 @@ from typing import Any, ClassVar, SupportsFloat
 import gymnasium as gym
 
 from ragen_envs.core import check_arg
-from ragen_envs.protocol import TurnProtocol
-
-
-def find_protocol(env: gym.Env) -> TurnProtocol | None:
-    """The :class:`~ragen_envs.protocol.TurnProtocol` inside ``env``'s wrapper chain, or ``None``."""
-    current: Any = env
-    while current is not None:
-        if isinstance(current, TurnProtocol):
-            return current
-        current = getattr(current, "env", None)
-    return None
+from ragen_envs.protocol import find_protocol  # noqa: F401  (re-exported by ragen_envs.rewards)
 
 
 class RewardShaping(gym.Wrapper[str, str, str, str]):

@@ -52,8 +52,10 @@ class FormatReward(RewardShaping):
             "None, True or False",
         )
         if require_think is None:
-            protocol = find_protocol(env)
-            require_think = bool(protocol.enable_think) if protocol is not None else True
+            try:
+                require_think = find_protocol(env).enable_think
+            except ValueError:  # a bare env without the protocol: thinking is expected, as the protocol's default
+                require_think = True
         self.reward = float(reward)
         self.penalty = float(penalty)
         self.require_think = require_think

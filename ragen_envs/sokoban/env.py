@@ -1,8 +1,14 @@
 """Sokoban (the paper's main multi-turn testbed): push every box onto a target.
 
 The player walks on a grid; moving into a box pushes it one cell if the cell behind it is free. Boxes cannot be
-pulled, so a careless push can make the level unsolvable (a *deadlock*). Every generated level is solvable
-(see :mod:`ragen_envs.sokoban.generator`).
+pulled, so a careless push can make the level unsolvable (a *deadlock*). Every generated level is solvable.
+
+Levels: by default each reset generates a level the way the RAGEN reference code does (``generator="reference"``:
+gym-sokoban's random-walk rooms and depth-first reverse play as RAGEN modified them, see
+:mod:`ragen_envs.sokoban.reference_generator`); at its settings most levels need only a few moves (6x6 with one box:
+median 4 moves). ``generator="exact"`` is ragen's own generator (:mod:`ragen_envs.sokoban.generator`): a
+breadth-first reverse play that picks the level needing the most pushes, with an exact push count and a curriculum
+(``min_pushes`` / ``max_pushes``); its levels are much harder. Levels can also come from a Boxoban file or a list.
 
 Action space: ``UnicodeText``; valid actions are ``Up``, ``Down``, ``Left``, ``Right`` (case-insensitive; also
 ``1``-``4`` as the reference code numbers them, and ``north``/``south``/``west``/``east``).
@@ -21,24 +27,35 @@ protocol the reference's budget applies first: 5 actions per turn, 10 per episod
 
 Info (besides the contract keys): ``boxes_on_target``, ``deadlock`` (a box off target is stuck: on a dead square or
 frozen in a 2x2 block, so the level can no longer be solved), ``optimal_pushes`` / ``optimal_moves`` of the level
-when known (on reset).
+when known, else ``None`` (on reset): the exact generator knows the fewest pushes, a pool built with the solver knows
+the fewest moves; reference levels and loaded levels know neither.
 
-Arguments:
-    dim_room: ``(rows, cols)`` of generated rooms, border walls included. Default ``(6, 6)``.
+Arguments (the defaults are the reference's SimpleSokoban: 6x6, one box, search depth 300, 100 steps):
+    dim_room: ``(rows, cols)`` of generated rooms, border walls included (4..64 each). Default ``(6, 6)``.
     num_boxes: boxes per generated level. Default 1.
     max_steps: steps before truncation. Default 100.
     vocab: ``"default"``, ``"new"`` or a dict naming a symbol for each of ``wall, empty, target, box_on_target, box,
         player, player_on_target``.
     observation_format: ``"grid"``, ``"coord"`` or ``"grid_coord"``.
     levels: where levels come from: ``None`` (generate one per reset; the default), a path of a Boxoban/XSB file or
-        folder, or a list of :class:`~ragen_envs.sokoban.generator.Level`.
-    pool_size: with generated levels, pre-generate this many levels once (cached on disk, see
-        :mod:`ragen_envs.sokoban.pool`) and draw resets from them: a reset is then a lookup. 0: generate per reset.
+        folder, or a list of :class:`~ragen_envs.sokoban.generator.Level`. With levels, the generator arguments below
+        are ignored.
+    generator: ``"reference"`` (the default: the RAGEN reference's levels) or ``"exact"`` (ragen's exact-push-depth
+        generator).
+    search_depth: reference generator only: the depth budget (``ttl``) of its reverse-play search, as the reference's
+        ``search_depth``, at least ``num_boxes + 2``. Default 300 (SokobanEnvConfig's); the registered ids set 300
+        (Sokoban), 10 (SokobanLarge, the reference's LargerSokoban) and 30 (SokobanNewVocab). The exact generator
+        ignores it (so ``gymnasium.make(id, generator="exact")`` works with the ids' setting).
+    pool_size: pre-generate this many levels once (cached on disk, keyed by the generator and its settings, see
+        :mod:`ragen_envs.sokoban.pool`) and draw resets from them: a reset is then a lookup. Pools are solved once,
+        so their levels know their fewest moves. 0 (the default): generate a level per reset.
     pool_seed: seed of the pool.
-    min_pushes, max_pushes: curriculum: only levels needing this many pushes (generated or pooled levels).
-    max_states: reverse-play search budget of the generator (bounds the hardest level).
-    p_change_directions, num_steps: the generator's random walk (gym-sokoban's 0.35 and ``1.7 * (rows + cols)``).
-    backend: the generator's ``"auto"`` / ``"numba"`` / ``"python"`` (identical levels).
+    min_pushes, max_pushes: exact generator only: a curriculum, only levels needing this many pushes (generated or
+        pooled levels). ``None``: 1 and no maximum.
+    max_states: exact generator only: its reverse-play search budget (bounds the hardest level). ``None``: 20000.
+    p_change_directions, num_steps: the random walk of either generator (gym-sokoban's 0.35 and
+        ``int(1.7 * (rows + cols))``).
+    backend: the generator's ``"auto"`` / ``"numba"`` / ``"python"`` (identical levels; numba is the ``fast`` extra).
     render_mode: ``None``, ``"ansi"`` or ``"rgb_array"``.
 """
 
@@ -53,6 +70,17 @@ from ragen_envs import grounding
 from ragen_envs.core import BaseTextEnv, StepOutcome, check_arg
 from ragen_envs.rendering import CellStyle, draw_grid
 from ragen_envs.sokoban.generator import TARGET, WALL, GeneratorConfig, Level, SokobanGenerator, shared_generator
+from ragen_envs.sokoban.reference_generator import ReferenceConfig, ReferenceGenerator, shared_reference_generator
+
+GENERATORS = ("reference", "exact")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+# Arguments that only the exact generator reads (None: not given).
+_EXACT_ONLY = ("min_pushes", "max_pushes", "max_states")
 
 # Cell codes of the rendered room (the reference's room_state codes, 6 = player on target).
 _WALL, _EMPTY, _TARGET, _BOX_ON_TARGET, _BOX, _PLAYER, _PLAYER_ON_TARGET = range(7)
@@ -106,9 +134,21 @@ class SokobanEnv(BaseTextEnv):
         "north": "Up", "south": "Down", "west": "Left", "east": "Right",
         "u": "Up", "d": "Down", "l": "Left", "r": "Right",
     }  # fmt: skip
-    default_actions_per_turn = 5
-    default_max_actions_per_episode = 10
-    default_max_turns = 5
+    # RAGEN config/envs.yaml Sokoban env_instruction (verbatim) and SokobanEnvConfig's grid_vocab / action_lookup,
+    # which its context manager appends. The reference appends the *default* legend for every Sokoban variant, the
+    # new-vocabulary one included (its env-specific grid_vocab never reaches the prompt); the reference layout does
+    # the same, the ragen layout names the symbols the grid really uses.
+    reference_instruction = (
+        "You are solving the Sokoban puzzle. You are the player and you need to push all boxes to targets. When you "
+        "are right next to a box, you can push it by moving in the same direction. You cannot push a box through a "
+        "wall, and you cannot pull a box. The answer should be a sequence of actions, like <answer>Right || Right || "
+        "Up</answer>"
+    )
+    reference_legend = {
+        "#": "wall", "_": "empty", "O": "target", "√": "box on target", "X": "box", "P": "player",
+        "S": "player on target",
+    }  # fmt: skip
+    reference_lists_actions = True
     max_action_chars = 2048
 
     def __init__(
@@ -120,11 +160,13 @@ class SokobanEnv(BaseTextEnv):
         vocab: str | dict[str, str] = "default",
         observation_format: str = "grid",
         levels: str | Path | list[Level] | None = None,
+        generator: str = "reference",
+        search_depth: int = 300,
         pool_size: int = 0,
         pool_seed: int = 0,
-        min_pushes: int = 1,
+        min_pushes: int | None = None,
         max_pushes: int | None = None,
-        max_states: int = 20_000,
+        max_states: int | None = None,
         p_change_directions: float = 0.35,
         num_steps: int | None = None,
         backend: str = "auto",
@@ -158,28 +200,66 @@ class SokobanEnv(BaseTextEnv):
         self._levels: list[Level] | None = None
         self._pool = None
         self._pool_index: np.ndarray | None = None
-        self._generator: SokobanGenerator | None = None
+        self._generator: SokobanGenerator | ReferenceGenerator | None = None
+        check_arg(
+            generator in GENERATORS, "generator", generator, "'reference' (the RAGEN reference's levels) or 'exact'"
+        )
+        self.generator = generator
+        self.config: GeneratorConfig | ReferenceConfig | None = None
         if levels is not None:
             check_arg(pool_size == 0, "pool_size", pool_size, "0 when levels are given")
             self._levels = _resolve_levels(levels)
             self.dim_room = self._levels[0].shape
             self.num_boxes = len(self._levels[0].boxes)
+            self.search_depth = None
         else:
-            # GeneratorConfig validates dim_room, num_boxes and the search arguments with clear messages.
-            self.config = GeneratorConfig(
-                dim_room=tuple(dim_room) if isinstance(dim_room, (list, tuple)) else dim_room,  # type: ignore[arg-type]
-                num_boxes=num_boxes,
-                p_change_directions=p_change_directions,
-                num_steps=num_steps,
-                max_states=max_states,
-                max_depth=max_pushes,
-                min_depth=min_pushes,
-            )
+            dim = tuple(dim_room) if isinstance(dim_room, (list, tuple)) else dim_room
+            if generator == "reference":
+                given = {"min_pushes": min_pushes, "max_pushes": max_pushes, "max_states": max_states}
+                for name in _EXACT_ONLY:
+                    check_arg(
+                        given[name] is None,
+                        name,
+                        given[name],
+                        "None with generator='reference' (it applies to generator='exact' only; the reference "
+                        "generator's one search knob is search_depth)",
+                    )
+                # ReferenceConfig validates dim_room, num_boxes and the search arguments with clear messages.
+                self.config = ReferenceConfig(
+                    dim_room=dim,  # type: ignore[arg-type]
+                    num_boxes=num_boxes,
+                    search_depth=search_depth,
+                    p_change_directions=p_change_directions,
+                    num_steps=num_steps,
+                )
+                self.search_depth = self.config.search_depth
+            else:
+                # search_depth is the reference generator's; the exact one ignores it (the registered ids set it,
+                # and gymnasium.make(id, generator="exact") must work), but a value of the wrong kind is still an error
+                check_arg(
+                    _is_count(search_depth) and search_depth >= 1,
+                    "search_depth",
+                    search_depth,
+                    "an int >= 1 (generator='exact' ignores it: its search knobs are max_states, min_pushes and "
+                    "max_pushes)",
+                )
+                self.config = GeneratorConfig(
+                    dim_room=dim,  # type: ignore[arg-type]
+                    num_boxes=num_boxes,
+                    p_change_directions=p_change_directions,
+                    num_steps=num_steps,
+                    max_states=20_000 if max_states is None else max_states,
+                    max_depth=max_pushes,
+                    min_depth=1 if min_pushes is None else min_pushes,
+                )
+                self.search_depth = None
             self.dim_room = self.config.dim_room
             self.num_boxes = self.config.num_boxes
             if pool_size > 0:
                 self._pool = _shared_pool(self.config, pool_size, pool_seed, backend)
                 self._pool_index = self._pool.indices(min_pushes=min_pushes, max_pushes=max_pushes)
+            elif isinstance(self.config, ReferenceConfig):
+                self._generator = shared_reference_generator(self.config, backend=backend)
             else:
                 self._generator = shared_generator(self.config, backend=backend)
         self.level: Level | None = None
@@ -305,7 +385,8 @@ class SokobanEnv(BaseTextEnv):
             self._fixed = pool.fixed[i].tolist()
             self._boxes = {(r, c) for r, c in pool.boxes[i].tolist()}
             self._player = tuple(pool.player[i].tolist())  # type: ignore[assignment]
-            self._pushes = int(pool.pushes[i])
+            pushes = int(pool.pushes[i])
+            self._pushes = pushes if pushes >= 0 else None  # reference pools: unknown
             moves = int(pool.moves[i])
             self._moves = moves if moves >= 0 else None
             self._pool_current = i
@@ -351,7 +432,10 @@ class SokobanEnv(BaseTextEnv):
             i = self._pool_current  # a pooled level is materialised only when asked for
             if i is None or self._pool is None:
                 raise RuntimeError("SokobanEnv.current_level() before reset(): there is no level yet")
-            self.level = self._pool.level(i)
+            level = self._pool.level(i)
+            if level.pushes is not None and level.pushes < 0:
+                level.pushes = None  # reference pools do not know the fewest pushes
+            self.level = level
         return self.level
 
     def snapshot(self) -> Level:
@@ -483,17 +567,24 @@ class SokobanEnv(BaseTextEnv):
         return {"supported": s1 + s2 + s3 + s4, "contradicted": c1 + c2 + c3 + c4}
 
 
-_SHARED_POOLS: dict[tuple[GeneratorConfig, int, int], Any] = {}
+_SHARED_POOLS: dict[tuple[GeneratorConfig | ReferenceConfig, int, int], Any] = {}
 
 
-def _shared_pool(config: GeneratorConfig, size: int, seed: int, backend: str) -> Any:
-    """The pool of these arguments, loaded (or built) once per process and shared by every env that uses it."""
-    from ragen_envs.sokoban.pool import LevelPool
-
+def _shared_pool(config: GeneratorConfig | ReferenceConfig, size: int, seed: int, backend: str) -> Any:
+    """The pool of these arguments, loaded (or built) once per process and shared by every env that uses it (the
+    configuration, and so the disk cache key, names the generator and its settings)."""
     key = (config, size, seed)
     pool = _SHARED_POOLS.get(key)
     if pool is None:
-        pool = _SHARED_POOLS[key] = LevelPool.load_or_build(config, size, seed, backend=backend)
+        if isinstance(config, ReferenceConfig):
+            from ragen_envs.sokoban.reference_generator import load_or_build_reference_pool
+
+            pool = load_or_build_reference_pool(config, size, seed, backend=backend)
+        else:
+            from ragen_envs.sokoban.pool import LevelPool
+
+            pool = LevelPool.load_or_build(config, size, seed, backend=backend)
+        _SHARED_POOLS[key] = pool
     return pool
 
 

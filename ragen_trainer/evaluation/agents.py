@@ -20,45 +20,20 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 
-from ragen_envs.protocol import TurnProtocol
+from ragen_envs.driver import AgentReply, Episode
+from ragen_envs.frozen_lake import ACTIONS as FL_ACTIONS
+from ragen_envs.frozen_lake import reach_values as frozen_lake_values
+from ragen_envs.frozen_lake import transition_model as frozen_lake_model
+from ragen_envs.protocol import find_protocol  # noqa: F401  (re-exported for agents' authors)
 from ragen_trainer.evaluation.metrics import env_family
 
-
-@dataclass
-class TurnContext:
-    """What an agent sees at one turn of one episode."""
-
-    env_name: str
-    """The suite's name for the env (``"SokobanLarge"``)."""
-    env_id: str
-    seed: int
-    rollout: int
-    messages: list[dict[str, str]]
-    """The chat so far: system, user, assistant, ..., user (the current prompt)."""
-    info: dict[str, Any]
-    """The env's latest ``info`` (from ``reset`` or the last ``step``)."""
-    env: gym.Env
-    """The LLM-facing env. Reference agents may read ``env.unwrapped``; model agents only read ``messages``."""
-    memory: dict[str, Any] = field(default_factory=dict)
-    """Per-episode scratch space the agent may keep state in (kept across the episode's turns)."""
-
-    @property
-    def protocol(self) -> TurnProtocol:
-        return find_protocol(self.env)
-
-
-@dataclass
-class AgentReply:
-    """One reply: its text and, for models, the number of generated tokens."""
-
-    text: str
-    tokens: int | None = None
+#: What an agent sees at one turn of one episode: the driver's live :class:`~ragen_envs.driver.Episode` (its
+#: ``messages``, latest ``info``, ``env``, ``memory``, ``env_name``, ``seed``, ``rollout`` and ``protocol``).
+TurnContext = Episode
 
 
 class Agent:
@@ -86,16 +61,6 @@ class Agent:
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
-def find_protocol(env: gym.Env) -> TurnProtocol:
-    """The :class:`TurnProtocol` inside ``env``'s wrapper chain (``gymnasium.make`` adds wrappers around it)."""
-    current: Any = env
-    while current is not None:
-        if isinstance(current, TurnProtocol):
-            return current
-        current = getattr(current, "env", None)
-    raise ValueError(f"invalid env {env!r}: expected a ragen LLM-facing env (a TurnProtocol inside)")
-
-
 def format_reply(ctx: TurnContext, think: str, actions: list[str]) -> str:
     """A reply in the protocol's format: ``<think>..</think><answer>a1 || a2</answer>`` (no think when it is off)."""
     protocol = ctx.protocol
@@ -198,51 +163,8 @@ def _oracle_countdown(ctx: TurnContext) -> tuple[str, list[str]]:
     return f"{expression} = {view['target']}", [expression]
 
 
-# FrozenLake: finite-horizon value iteration on the known map ------------------------------------------------------
-_FL_ACTIONS = ("Left", "Down", "Right", "Up")
-_FL_DELTAS = ((0, -1), (1, 0), (0, 1), (-1, 0))
-
-
-def frozen_lake_model(view: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Transition tensor ``P[s, a, s']``, goal indicator and terminal mask of a FrozenLake state view."""
-    nrow, ncol = view["size"]
-    n = nrow * ncol
-    holes = {tuple(h) for h in view["holes"]}
-    goal = tuple(view["goal"])
-    sr = float(view.get("success_rate", 1.0)) if view.get("slippery", True) else 1.0
-    terminal = np.zeros(n, bool)
-    is_goal = np.zeros(n)
-    P = np.zeros((n, 4, n))
-    for r in range(nrow):
-        for c in range(ncol):
-            s = r * ncol + c
-            if (r, c) in holes or (r, c) == goal:
-                terminal[s] = True
-                is_goal[s] = float((r, c) == goal)
-                P[s, :, s] = 1.0
-                continue
-            for a in range(4):
-                # gymnasium's slip model: intended w.p. sr, each perpendicular w.p. (1 - sr) / 2
-                outcomes = [(a, sr), ((a - 1) % 4, (1 - sr) / 2), ((a + 1) % 4, (1 - sr) / 2)]
-                for moved, p in outcomes:
-                    if p <= 0:
-                        continue
-                    dr, dc = _FL_DELTAS[moved]
-                    nr, nc = r + dr, c + dc
-                    if not (0 <= nr < nrow and 0 <= nc < ncol):
-                        nr, nc = r, c
-                    P[s, a, nr * ncol + nc] += p
-    return P, is_goal, terminal
-
-
-def frozen_lake_values(P: np.ndarray, is_goal: np.ndarray, terminal: np.ndarray, horizon: int) -> list[np.ndarray]:
-    """``V[h][s]``: the highest probability of reaching the goal from ``s`` within ``h`` more actions."""
-    values = [is_goal.copy()]
-    for _ in range(horizon):
-        q = P @ values[-1]  # (n, 4)
-        v = np.where(terminal, is_goal, q.max(axis=1))
-        values.append(v)
-    return values
+# FrozenLake: finite-horizon value iteration on the known map (the env's own planner) ------------------------------
+_FL_ACTIONS = FL_ACTIONS  # the env's action order
 
 
 def _oracle_frozen_lake(ctx: TurnContext) -> tuple[str, list[str]]:
@@ -394,14 +316,13 @@ def hash_model_files(source: str | None) -> str | None:
 class ModelAgent(Agent):
     """A causal LM replying through one of the trainer's engines; all live episodes of a batch in one call.
 
-    The conversation (system prompt, user observations, the model's earlier replies) is rendered with the model's chat
-    template by the engine. Like training (``StarPOConfig.reply_prefix``), the prompt ends with a *reply prefix* after
-    the generation prompt (``"auto"``: ``"<think>"`` or ``"<answer>"`` by the env's ``enable_think``, the reference's
-    generation prefix; ``""``: none), the model continues inside the tag, and the env gets ``prefix + reply``; so a
-    trained model is evaluated the way it was trained. The setting is part of :meth:`identity`. Chat engines
-    (``openai``) cannot continue a partial reply: with them ``"auto"`` means no prefix. Decoding is the suite's (temperature, top_p, max_new_tokens); the sampling seed of each
-    call is derived from the suite's seed, the env and the batch's first seed and turn, so the same suite, model and
-    batch size give the same replies.
+    It generates exactly as training rollouts do (:class:`ragen_trainer.rollout.TokenAgent`): the chat template's
+    prompt, the env protocol's generation prefix (``<think>`` / ``<answer>``, the suite's ``reply_prefix`` setting),
+    then each later turn only the template's delta, with the model's own tokens kept verbatim; so a trained model is
+    evaluated the way it was trained. Chat engines (``openai``) cannot continue a partial reply: they get the messages
+    and no prefix (a suite that sets an explicit non-empty ``reply_prefix`` is refused with them). Decoding is the
+    suite's (temperature, top_p, max_new_tokens); the sampling seed of each call is derived from the suite's seed, the
+    env and the batch's first seed and turn, so the same suite, model and batch size give the same replies.
 
     Build it with :meth:`load` (a model id / path / checkpoint folder, or an endpoint for ``engine="openai"``) or
     around an existing engine (``ModelAgent(engine, name=...)``, as the tests do with a tiny model).
@@ -418,31 +339,23 @@ class ModelAgent(Agent):
         model_hash: str | None = None,
         engine_name: str | None = None,
         extra_identity: dict[str, Any] | None = None,
-        reply_prefix: str = "auto",
+        max_context_tokens: int = 3600,
     ) -> None:
-        from ragen_trainer.rollout import AUTO_PREFIX, check_reply_prefix
-
         if not hasattr(engine, "generate_chat"):
             raise ValueError(f"invalid argument engine={engine!r}: expected a ragen_trainer.engines GenerationEngine")
-        check_reply_prefix(reply_prefix)
         self._token_prompts = bool(getattr(engine, "supports_token_ids", False)) and (
             getattr(engine, "tokenizer", None) is not None
         )
-        if not self._token_prompts and reply_prefix not in (AUTO_PREFIX, ""):
-            raise ValueError(
-                f"invalid argument reply_prefix={reply_prefix!r}: expected 'auto' or '' with "
-                f"{type(engine).__name__} (a chat engine cannot continue a partial reply)"
-            )
-        self.reply_prefix = reply_prefix
-        self._chat_tokens: Any = None
         self.engine = engine
         self.name = name
         self.model = model
         self.model_hash = model_hash
         self.engine_name = engine_name or getattr(engine, "name", type(engine).__name__)
         self.extra_identity = dict(extra_identity or {})
+        self.max_context_tokens = int(max_context_tokens)
         self.decoding: dict[str, Any] = {}
         self._env_name = ""
+        self._agent: Any = None
 
     # -------------------------------------------------------------------------------------------- construction
     @classmethod
@@ -458,19 +371,9 @@ class ModelAgent(Agent):
         base_url: str | None = None,
         api_key: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
-        reply_prefix: str = "auto",
     ) -> ModelAgent:
         """Load ``model`` (HF id, local folder, ``ragen-trainer train`` checkpoint; ``None``: the bundled SmolLM2)
-        and wrap it in ``engine`` (``"hf"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible ``base_url``).
-        ``reply_prefix``: as in training (``"auto"``, ``""`` or the text; see the class docstring)."""
-        from ragen_trainer.rollout import AUTO_PREFIX, check_reply_prefix
-
-        check_reply_prefix(reply_prefix)
-        if engine == "openai" and reply_prefix not in (AUTO_PREFIX, ""):
-            raise ValueError(
-                f"invalid argument reply_prefix={reply_prefix!r}: expected 'auto' or '' with engine='openai' "
-                "(a chat endpoint cannot continue a partial reply)"
-            )
+        and wrap it in ``engine`` (``"hf"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible ``base_url``)."""
         from pathlib import Path
 
         if engine not in ENGINES:
@@ -486,7 +389,7 @@ class ModelAgent(Agent):
 
             built = OpenAIEngine(base_url=base_url, model=model, api_key=api_key, **kwargs)
             return cls(built, name=name or model, model=model, engine_name="openai",
-                       extra_identity={"base_url": base_url}, reply_prefix=reply_prefix)  # fmt: skip
+                       extra_identity={"base_url": base_url})  # fmt: skip
         from ragen_trainer import models
 
         source = models.resolve_model_source(model)  # the local folder it loads from (the converted default too)
@@ -512,7 +415,6 @@ class ModelAgent(Agent):
             model_hash=hash_model_files(source),
             engine_name=engine,
             extra_identity=extra,
-            reply_prefix=reply_prefix,
         )
 
     def identity(self) -> dict[str, Any]:
@@ -522,57 +424,47 @@ class ModelAgent(Agent):
             "model": self.model,
             "model_hash": self.model_hash,
             "engine": self.engine_name,
-            # "auto" resolves per env (<think> / <answer> by its enable_think); a chat engine uses none.
-            "reply_prefix": self.reply_prefix if self._token_prompts else "",
+            # Token engines continue after each env's generation prefix (the suite's protocol); chat engines cannot.
+            "generation_prefix": self._token_prompts,
+            "max_context_tokens": self.max_context_tokens,
             **self.extra_identity,
         }
 
     # -------------------------------------------------------------------------------------------- acting
     def begin_env(self, entry: Any) -> None:
-        """Called by the runner before each env of the suite: take that env's pinned decoding."""
+        """Called by the runner before each env of the suite: take that env's pinned decoding and protocol."""
+        from ragen_trainer.engines import SamplingParams
+        from ragen_trainer.rollout import TokenAgent, check_prefix_supported
+
+        check_prefix_supported(self.engine, entry.protocol, f"the suite's env {entry.name!r}")
         self.decoding = dict(entry.decoding)
         self._env_name = entry.name
+        d = self.decoding
+        params = SamplingParams(temperature=float(d["temperature"]), top_p=float(d["top_p"]),
+                                max_new_tokens=int(d["max_new_tokens"]))  # fmt: skip
+        tokenizer = getattr(self.engine, "tokenizer", None)
+        self._agent = TokenAgent(self.engine, tokenizer, params, max_context_tokens=self.max_context_tokens,
+                                 seed_for=self._seed_for)  # fmt: skip
+
+    def _seed_for(self, episodes: list[Episode], turn: int) -> int | None:
+        seed = self.decoding.get("seed")
+        if seed is None:
+            return None
+        first = episodes[0]
+        return zlib.crc32(f"{seed}|{self._env_name}|{first.seed}|{first.rollout}|{turn}".encode())
 
     def reply_batch(self, contexts: list[TurnContext]) -> list[AgentReply]:
-        from ragen_trainer.engines import SamplingParams
-
         if not contexts:
             return []
-        d = self.decoding or {"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 400, "seed": 0}
-        first = contexts[0]
-        seed = None
-        if d.get("seed") is not None:
-            seed = zlib.crc32(f"{d['seed']}|{self._env_name}|{first.seed}|{first.rollout}|{first.info.get('turn', 0)}"
-                              .encode())  # fmt: skip
-        params = SamplingParams(temperature=float(d["temperature"]), top_p=float(d["top_p"]),
-                                max_new_tokens=int(d["max_new_tokens"]), seed=seed)  # fmt: skip
-        prefixes = self.prefixes(contexts)
-        if not any(prefixes):
-            results = self.engine.generate_chat([ctx.messages for ctx in contexts], params)
-            return [AgentReply(r.text, len(r.token_ids) if r.token_ids else None) for r in results]
-        # Prompt = chat template with the generation prompt, then the prefix's tokens; the model continues after them
-        # (the same token layout as the training rollout, ragen_trainer.rollout.collect_rollouts).
-        chat = self._chat()
-        prompts = [chat.prompt_ids(ctx.messages) + (chat.encode(p) if p else []) for ctx, p in zip(contexts, prefixes)]
-        results = self.engine.generate(prompts, params)
-        return [
-            AgentReply(p + r.text, len(r.token_ids) if r.token_ids else None) for p, r in zip(prefixes, results)
-        ]
+        if self._agent is None:  # used outside the runner: the default decoding and the contexts' own protocol
+            from types import SimpleNamespace
 
-    def prefixes(self, contexts: list[TurnContext]) -> list[str]:
-        """The reply prefix of each context's env (``""`` everywhere with a chat engine)."""
-        from ragen_trainer.rollout import resolve_reply_prefix
+            from ragen_envs.settings import ProtocolSettings
 
-        if not self._token_prompts:
-            return [""] * len(contexts)
-        return [resolve_reply_prefix(self.reply_prefix, ctx.env) for ctx in contexts]
-
-    def _chat(self) -> Any:
-        if self._chat_tokens is None:
-            from ragen_trainer.rollout import ChatTokens
-
-            self._chat_tokens = ChatTokens(self.engine.tokenizer)
-        return self._chat_tokens
+            self.begin_env(SimpleNamespace(name=contexts[0].env_name, protocol=ProtocolSettings(),
+                                           decoding={"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 400,
+                                                     "seed": 0}))  # fmt: skip
+        return self._agent.reply_batch(contexts)
 
     def close(self) -> None:
         self.engine.close()

@@ -4,8 +4,8 @@
 :func:`run_eval` / :func:`run_leaderboard` (each returns the exit code). ``python -m ragen_trainer.evaluation.cli``
 runs them without the trainer's CLI::
 
-    ragen-trainer eval --suite quick-v1 --agent oracle -o results/oracle.json
-    ragen-trainer eval --suite quick-v1 --model smollm2 -o results/smollm2.json
+    ragen-trainer eval --suite quick-v2 --agent oracle -o results/oracle.json
+    ragen-trainer eval --suite quick-v2 --model smollm2 -o results/smollm2.json
     ragen-trainer eval --rescore results/smollm2.json
     ragen-trainer leaderboard results/*.json --markdown results/leaderboard.md --html results/leaderboard.html
 """
@@ -25,9 +25,9 @@ LEADERBOARD_DESCRIPTION = "Merge result files into a Markdown table and a self-c
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``eval`` options to ``parser`` (a subparser of ``ragen-trainer``)."""
-    parser.add_argument("--suite", default="paper-v1",
-                        help="suite id (paper-v1, quick-v1), name (its latest version) or a suite JSON file "
-                             "(default: paper-v1, the paper's validation protocol)")  # fmt: skip
+    parser.add_argument("--suite", default="paper-v2",
+                        help="suite id (paper-v2, quick-v2, bandit-bare-v2), name (its latest version) or a suite "
+                             "JSON file (default: paper-v2, the paper's validation protocol)")  # fmt: skip
     parser.add_argument("--agent", choices=("model", "random", "oracle"), default="model",
                         help="what to evaluate: a model (default), or a reference agent: random (floor) or oracle "
                              "(ceiling)")  # fmt: skip
@@ -44,10 +44,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--batch-size", type=int, default=16, help="episodes played (and generated) at once")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for torch (hf engine on CPU; 1 is fastest on a busy machine)")
-    parser.add_argument("--reply-prefix", default="auto",
-                        help="text after the chat template's generation prompt that the model continues from, as in "
-                             "training (StarPOConfig.reply_prefix): auto = <think> or <answer> by the env's "
-                             "enable_think (the reference's generation prefix), '' = none (default %(default)s)")
+    parser.add_argument("--protocol", dest="protocol_pairs", action="append", default=[], metavar="FIELD=VALUE",
+                        help="change a turn-protocol setting of every env of the suite (repeatable), e.g. "
+                             "--protocol max_turns=3; the suite then gets its own hash and a +variant id")
+    parser.add_argument("--reply-prefix", default=None,
+                        help="shortcut for --protocol reply_prefix=TEXT: the text after the chat template's generation "
+                             "prompt that the model continues from ('auto' = <think> or <answer> by enable_think, the "
+                             "reference's generation prefix; '' = none); default: the suite's")
     parser.add_argument("--name", default=None, help="the agent's name on the leaderboard (default: from the model)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random agent (default 0)")
     parser.add_argument("--envs", default=None,
@@ -101,8 +104,34 @@ def _build_agent(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         base_url=args.base_url,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
-        reply_prefix=args.reply_prefix,
     )
+
+
+def protocol_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The protocol changes of ``--protocol FIELD=VALUE`` and ``--reply-prefix`` (values parsed by field type); the
+    same field given twice with different values is an error naming both."""
+    from typing import get_type_hints
+
+    from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+    from ragen_trainer.config import parse_value
+
+    hints = get_type_hints(ProtocolSettings)
+    sources: list[tuple[str, dict[str, Any]]] = []
+    for pair in args.protocol_pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or key not in FIELD_NAMES:
+            raise ValueError(f"invalid argument --protocol {pair!r}: expected FIELD=VALUE with FIELD one of "
+                             f"{list(FIELD_NAMES)}")  # fmt: skip
+        value = text if hints[key] is str else parse_value(key, text.strip(), hints[key])
+        sources.append((f"--protocol {pair}", {key: value}))
+    if args.reply_prefix is not None:
+        sources.append((f"--reply-prefix {args.reply_prefix!r}", {"reply_prefix": args.reply_prefix}))
+    merge_settings(ProtocolSettings(), sources)  # raises on a conflict or a bad value
+    changes: dict[str, Any] = {}
+    for _, change in sources:
+        changes.update(change)
+    return changes
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -119,7 +148,7 @@ def run_eval(args: argparse.Namespace) -> int:
             raise ValueError(f"invalid argument --batch-size={args.batch_size}: expected an int >= 1")
         suite = load_suite(args.suite)
         envs = [e.strip() for e in args.envs.split(",") if e.strip()] if args.envs else None
-        suite = suite.select(envs, args.max_states)
+        suite = suite.select(envs, args.max_states).with_protocol(protocol_overrides(args))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

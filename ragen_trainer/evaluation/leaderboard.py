@@ -94,12 +94,31 @@ def _pct(value: float | None, se: float | None = None, scale: float = 100.0) -> 
     return text if se is None else f"{text} ± {scale * se:.1f}"
 
 
+def protocol_summary(suite: dict[str, Any]) -> str:
+    """One line naming the turn protocol each env of a suite was played with (from its definition).
+
+    Suites from before the protocol settings existed (``*-v1``) did not record them; the line says so.
+    """
+    entries = suite.get("definition", {}).get("envs", [])
+    if not entries or any("protocol" not in e for e in entries):
+        return "protocol: not recorded (a suite from before ragen recorded its turn protocol)"
+    budgets = ", ".join(
+        f"{e['name']} {e['protocol']['max_turns']}/{e['protocol']['actions_per_turn']}/"
+        f"{e['protocol']['max_actions_per_episode']}"
+        for e in entries
+    )
+    shared = {k: {str(e["protocol"][k]) for e in entries} for k in ("enable_think", "reply_prefix", "prompt_layout")}
+    rest = "; ".join(f"{k} {'/'.join(sorted(v))}" for k, v in shared.items())
+    return f"protocol (turns/actions per turn/actions per episode): {budgets}; {rest}"
+
+
 def markdown_table(board: list[dict[str, Any]]) -> str:
     """The leaderboard as Markdown: one table per suite, success % ± standard error per env."""
     out: list[str] = []
     for group in board:
         suite = group["suite"]
         out.append(f"### Suite `{suite['id']}` (hash `{suite['hash']}`)\n")
+        out.append(protocol_summary(suite) + "\n")
         head = ["#", "agent", "kind", "score", "partial"] + group["envs"] + ["episodes"]
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "|".join(["---:", ":---", ":---", "---:", "---:"] + ["---:"] * len(group["envs"]) + ["---:"]) + "|")
@@ -454,7 +473,8 @@ def render_html(
         desc = suite.get("definition", {}).get("description", "")
         body.append(f'<section class="suite" id="suite-{index}"><h2>Suite {html.escape(suite["id"])} '
                     f'<span class="muted">hash {html.escape(suite["hash"])}</span></h2>'
-                    f'<p class="muted">{html.escape(desc)}</p>')  # fmt: skip
+                    f'<p class="muted">{html.escape(desc)}</p>'
+                    f'<p class="muted">{html.escape(protocol_summary(suite))}</p>')  # fmt: skip
         body.append(_html_table(index, group))
         body.append(_details_table(group))
         body.append('<div class="charts">')

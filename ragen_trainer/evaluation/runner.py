@@ -1,9 +1,9 @@
 """Run a suite on an agent and produce one result (a JSON-serialisable dict, written by :func:`save_result`).
 
 For each env of the suite, the episodes (every pinned seed x its rollouts) are played in batches of ``batch_size``
-through the LLM-facing env: ``reset(seed=s)``, then turn after turn the agent's replies are stepped until every
-episode of the batch has ended. Envs are made once per batch slot and reset for each episode (WebShop starts its
-server once, not per episode).
+by the episode driver (:func:`ragen_envs.driver.play_episodes`, the same loop as training's rollouts): ``reset(seed=s)``,
+then turn after turn the agent's replies are stepped until every episode of the batch has ended. Envs are made once
+per batch slot and reset for each episode (WebShop starts its server once, not per episode).
 
 The result holds::
 
@@ -29,7 +29,6 @@ import json
 import platform
 import sys
 import time
-import traceback
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -38,18 +37,15 @@ import gymnasium as gym
 import numpy as np
 
 import ragen_envs
-from ragen_envs.core import INFO_KEYS
-from ragen_trainer.evaluation.agents import Agent, AgentReply, TurnContext
+from ragen_envs.driver import EnvSlots, Episode, EpisodeJob, Turn, env_extras, play_episodes
+from ragen_trainer.evaluation.agents import Agent
 from ragen_trainer.evaluation.metrics import summarize
 from ragen_trainer.evaluation.suites import Suite, SuiteEnv
-from ragen_trainer.rollout import dynamics_seed
 
 RESULT_FORMAT = "ragen-eval-result"
 RESULT_FORMAT_VERSION = 1
 CHECKPOINT_FORMAT = "ragen-eval-checkpoint"
 
-#: info keys the protocol itself adds; everything else outside INFO_KEYS is an env extra kept in ``info_extra``.
-_PROTOCOL_INFO = {"reason", "turn", "actions_left", "invalid_actions", "dropped_actions", "system_prompt"}
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
@@ -92,145 +88,105 @@ def is_grid_env(env: gym.Env) -> bool:
     return "rgb_array" in (getattr(env.unwrapped, "metadata", {}) or {}).get("render_modes", [])
 
 
-class _Episode:
-    """One live episode: its env, chat, context and record."""
-
-    def __init__(self, entry: SuiteEnv, env: gym.Env, state_index: int, seed: int, rollout: int) -> None:
-        self.env = env
-        self.grid = is_grid_env(env)
-        self.done = False
-        options = entry.options_for(state_index)
-        if rollout > 0:  # further rollouts of a state: same initial state, their own env randomness (slips, payouts)
-            options = {**(options or {}), "dynamics_seed": dynamics_seed(seed, rollout)}
-        observation, info = env.reset(seed=seed, options=options)
-        base = env.unwrapped
-        self.ctx = TurnContext(
-            env_name=entry.name,
-            env_id=entry.env_id,
-            seed=seed,
-            rollout=rollout,
-            messages=[{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": observation}],
-            info=info,
-            env=env,
-        )
-        self.record: dict[str, Any] = {
-            "env": entry.name,
-            "env_id": entry.env_id,
-            "state_index": state_index,
-            "seed": seed,
-            "rollout": rollout,
-            "system_prompt": info["system_prompt"],
-            "observation": observation,
-            "initial_state": base.state_text() if self.grid else None,
-            "reset_info": to_jsonable({k: v for k, v in info.items() if k not in INFO_KEYS and k not in _PROTOCOL_INFO}),
-            "turns": [],
-            "success": False,
-            "reward": 0.0,
-            "terminated": False,
-            "truncated": False,
-            "final_view": None,
-            "error": None,
-        }
-
-    def step(self, reply: AgentReply) -> None:
-        observation, reward, terminated, truncated, info = self.env.step(reply.text)
-        base = self.env.unwrapped
-        turn = {
-            "reply": reply.text,
-            "reply_tokens": reply.tokens,
-            "think": info.get("think", ""),
-            "actions": list(info.get("actions", [])),
-            "reward": float(reward),
-            "reward_parts": to_jsonable(info.get("reward_parts", {})),
-            "format_ok": bool(info.get("format_ok", False)),
-            "action_is_valid": bool(info.get("action_is_valid", False)),
-            "invalid_actions": to_jsonable(info.get("invalid_actions", [])),
-            "dropped_actions": to_jsonable(info.get("dropped_actions", [])),
-            "success": bool(info.get("success", False)),
-            "reason": info.get("reason"),
-            "observation": observation,
-            "state": base.state_text() if self.grid else None,
-            "info_extra": to_jsonable({k: v for k, v in info.items() if k not in INFO_KEYS and k not in _PROTOCOL_INFO}),
-        }
-        self.record["turns"].append(turn)
-        self.record["reward"] += float(reward)
-        self.record["success"] = turn["success"]
-        self.ctx.info = info
-        self.ctx.messages.append({"role": "assistant", "content": reply.text})
-        self.ctx.messages.append({"role": "user", "content": observation})
-        if terminated or truncated:
-            self.record["terminated"], self.record["truncated"] = bool(terminated), bool(truncated)
-            self.finish()
-
-    def fail(self, message: str) -> None:
-        self.record["error"] = message
-        self.finish()
-
-    def finish(self) -> None:
-        self.done = True
-        try:
-            self.record["final_view"] = to_jsonable(self.env.unwrapped.state_view())
-        except Exception as exc:  # a broken view must not lose the episode
-            self.record["final_view"] = {"error": repr(exc)}
+def _turn_record(turn: Turn, state: str | None) -> dict[str, Any]:
+    info = turn.info
+    return {
+        "reply": turn.reply,
+        "reply_tokens": turn.tokens,
+        "think": info.get("think", ""),
+        "actions": list(info.get("actions", [])),
+        "reward": float(turn.reward),
+        "reward_parts": to_jsonable(info.get("reward_parts", {})),
+        "format_ok": bool(info.get("format_ok", False)),
+        "action_is_valid": bool(info.get("action_is_valid", False)),
+        "invalid_actions": to_jsonable(info.get("invalid_actions", [])),
+        "dropped_actions": to_jsonable(info.get("dropped_actions", [])),
+        "success": bool(info.get("success", False)),
+        "reason": info.get("reason"),
+        "observation": turn.observation,
+        "state": state,
+        "info_extra": to_jsonable(env_extras(info)),
+    }
 
 
-def _make_env(entry: SuiteEnv) -> gym.Env:
+def _episode_record(entry: SuiteEnv, episode: Episode, states: list[str | None], initial: str | None,
+                    final_view: Any) -> dict[str, Any]:
+    """The result file's record of one played episode (see the module docstring)."""
+    error = episode.error
+    if error is None and episode.end_reason is not None:
+        error = f"ended by the agent: {episode.end_reason}"
+    return {
+        "env": entry.name,
+        "env_id": entry.env_id,
+        "state_index": episode.job.tag,
+        "seed": episode.seed,
+        "rollout": episode.rollout,
+        "system_prompt": episode.system_prompt,
+        "observation": episode.first_observation if episode.messages else "",
+        "initial_state": initial,
+        "reset_info": to_jsonable(env_extras(episode.reset_info)),
+        "turns": [_turn_record(t, s) for t, s in zip(episode.turns, states)],
+        "success": bool(episode.turns[-1].info.get("success", False)) if episode.turns else False,
+        "reward": episode.reward,
+        "terminated": episode.terminated,
+        "truncated": episode.truncated,
+        "final_view": final_view,
+        "error": error,
+    }
+
+
+def _make_slots(entry: SuiteEnv) -> EnvSlots:
+    slots = EnvSlots(entry.env_id, entry.make_kwargs())
     try:
-        return gym.make(entry.env_id, **entry.env_kwargs)
+        slots.get(0)  # fail here, naming the suite entry, rather than inside the first batch
     except gym.error.Error as exc:
+        slots.close()
         raise ValueError(f"cannot make env {entry.env_id!r} of suite entry {entry.name!r}: {exc}") from exc
+    return slots
 
 
 def run_env(
     entry: SuiteEnv, agent: Agent, *, batch_size: int = 16, progress: Any = None
 ) -> list[dict[str, Any]]:
-    """Play every episode of one suite entry; returns the episode records in (state, rollout) order."""
-    jobs = [(i, seed, r) for i, seed in enumerate(entry.seeds) for r in range(entry.rollouts_per_state)]
-    pool: list[gym.Env] = []
-    records: list[dict[str, Any]] = []
+    """Play every episode of one suite entry through the episode driver; returns the episode records in (state,
+    rollout) order."""
+    jobs = [
+        EpisodeJob(group_id=i, seed=seed, rollout=r, options=entry.options_for(i), tag=i)
+        for i, seed in enumerate(entry.seeds)
+        for r in range(entry.rollouts_per_state)
+    ]
     begin = getattr(agent, "begin_env", None)
     if callable(begin):
         begin(entry)
-    try:
-        for start in range(0, len(jobs), batch_size):
-            chunk = jobs[start : start + batch_size]
-            while len(pool) < len(chunk):
-                pool.append(_make_env(entry))
-            episodes = [_Episode(entry, pool[k], *job) for k, job in enumerate(chunk)]
-            # Each turn ends at least one episode's turn budget sooner; the protocol truncates at max_turns.
-            for turn in range(10_000):
-                live = [e for e in episodes if not e.done]
-                if not live:
-                    break
-                if progress is not None and hasattr(progress, "set_postfix_str"):
-                    progress.set_postfix_str(f"{entry.name} turn {turn + 1}, {len(live)} live")
-                try:
-                    replies = agent.reply_batch([e.ctx for e in live])
-                    if len(replies) != len(live):
-                        raise RuntimeError(f"agent returned {len(replies)} replies for {len(live)} episodes")
-                except Exception:  # an agent failure ends these episodes with the error recorded, not the run
-                    message = traceback.format_exc(limit=3)
-                    for e in live:
-                        e.fail(message)
-                    if progress is not None:
-                        progress.update(len(live))
-                    continue
-                for e, reply in zip(live, replies):
-                    try:
-                        e.step(reply if isinstance(reply, AgentReply) else AgentReply(str(reply)))
-                    except Exception:
-                        e.fail(traceback.format_exc(limit=3))
-                if progress is not None:  # count episodes as they end, not at the end of the batch
-                    progress.update(sum(1 for e in live if e.done))
+    states: dict[int, list[str | None]] = {}
+    initial: dict[int, str | None] = {}
+    records: list[dict[str, Any]] = []
+
+    def on_step(episode: Episode, turn: Turn) -> None:
+        grid = episode.env is not None and is_grid_env(episode.env)
+        states.setdefault(id(episode), []).append(episode.env.unwrapped.state_text() if grid else None)
+
+    def on_batch_end(batch: list[Episode]) -> None:
+        for episode in batch:
+            try:
+                final_view = to_jsonable(episode.env.unwrapped.state_view()) if episode.env is not None else None
+            except Exception as exc:  # a broken view must not lose the episode
+                final_view = {"error": repr(exc)}
+            records.append(_episode_record(entry, episode, states.pop(id(episode), []),
+                                           initial.pop(id(episode), None), final_view))
+
+    class _Recording:
+        """Notes each episode's initial grid before its first reply (the leaderboard draws it)."""
+
+        def reply_batch(self, episodes: list[Episode]) -> list[Any]:
             for e in episodes:
-                if not e.done:
-                    e.fail("episode did not end within 10000 turns")
-                    if progress is not None:
-                        progress.update(1)
-                records.append(e.record)
-    finally:
-        for env in pool:
-            env.close()
+                if not e.turns and id(e) not in initial and e.env is not None:
+                    initial[id(e)] = e.env.unwrapped.state_text() if is_grid_env(e.env) else None
+            return agent.reply_batch(episodes)
+
+    with _make_slots(entry) as slots:
+        play_episodes(entry.env_id, jobs, _Recording(), env_name=entry.name, batch_size=batch_size, envs=slots,
+                      on_error="record", progress=progress, on_step=on_step, on_batch_end=on_batch_end)
     return records
 
 

@@ -19,6 +19,11 @@ list), so two runs of the same suite see exactly the same states. Per env entrie
 over the suite's), ``rollouts_per_state`` and ``reset_options`` (passed to ``reset``; the string ``"{index}"`` inside
 a value is replaced by the state's index, which lets WebShop pick goal ``i`` of its split).
 
+Turn protocol. Each env plays with its id's reference :class:`~ragen_envs.settings.ProtocolSettings`, changed by a
+suite-level ``"protocol"`` object and an env-level one (a field set in both to different values is an error naming
+both, as is a protocol field inside ``env_kwargs`` that disagrees). The loaded definition records every env's
+*resolved* settings under ``"protocol"``, generation prefix included, so the hash covers them.
+
 The suite's identity is ``name``, ``version`` and ``hash`` (sha256 of its canonical JSON), all written into every
 result file: a result can only be compared with results of the same hash.
 """
@@ -32,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragen_envs.registration import reference_settings
+from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+
 #: Decoding settings a suite pins; the model agent reads exactly these.
 DECODING_KEYS: tuple[str, ...] = ("temperature", "top_p", "max_new_tokens", "seed")
 DEFAULT_DECODING: dict[str, Any] = {"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 400, "seed": 0}
@@ -39,8 +47,10 @@ DEFAULT_DECODING: dict[str, Any] = {"temperature": 0.5, "top_p": 1.0, "max_new_t
 #: Where the suites shipped with the repository live (``benchmarks/suites`` next to the packages).
 SUITES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
 
-_ENV_KEYS = {"name", "env_id", "env_kwargs", "seeds", "rollouts_per_state", "decoding", "split", "reset_options", "note"}
-_SUITE_KEYS = {"name", "version", "description", "decoding", "rollouts_per_state", "envs", "subset_of"}
+_ENV_KEYS = {"name", "env_id", "env_kwargs", "seeds", "rollouts_per_state", "decoding", "split", "reset_options", "note",
+             "protocol"}
+_SUITE_KEYS = {"name", "version", "description", "decoding", "rollouts_per_state", "envs", "subset_of", "protocol",
+               "variant_of"}
 
 
 @dataclass(frozen=True)
@@ -56,10 +66,18 @@ class SuiteEnv:
     split: str = "train"
     reset_options: dict[str, Any] | None = None
     note: str = ""
+    protocol: ProtocolSettings = field(default_factory=ProtocolSettings)
+    """The resolved turn-protocol settings this env is played with."""
 
     @property
     def num_episodes(self) -> int:
         return len(self.seeds) * self.rollouts_per_state
+
+    def make_kwargs(self) -> dict[str, Any]:
+        """``gymnasium.make`` keyword arguments: the env's own ``env_kwargs`` and exactly :attr:`protocol`."""
+        kwargs = {k: v for k, v in self.env_kwargs.items() if k not in FIELD_NAMES}
+        kwargs["protocol"] = self.protocol
+        return kwargs
 
     def options_for(self, index: int) -> dict[str, Any] | None:
         """The ``reset`` options of state ``index`` (``"{index}"`` placeholders filled in)."""
@@ -80,8 +98,12 @@ class Suite:
 
     @property
     def suite_id(self) -> str:
-        """``name-vN``; a sub-suite made by :meth:`select` is ``name-vN+subset`` (and has its own hash)."""
-        return f"{self.name}-v{self.version}" + ("+subset" if self.definition.get("subset_of") else "")
+        """``name-vN``; a sub-suite made by :meth:`select` is ``name-vN+subset``, a protocol variant made by
+        :meth:`with_protocol` ``name-vN+variant`` (each has its own hash)."""
+        marks = ("+subset" if self.definition.get("subset_of") else "") + (
+            "+variant" if self.definition.get("variant_of") else ""
+        )
+        return f"{self.name}-v{self.version}{marks}"
 
     @property
     def hash(self) -> str:
@@ -123,6 +145,17 @@ class Suite:
             for entry in definition["envs"]:
                 entry["seeds"] = list(_expand_seeds(entry["seeds"], entry["name"]))[:max_states]
         definition["subset_of"] = self.definition.get("subset_of") or f"{self.name}-v{self.version}"
+        return suite_from_dict(definition)
+
+    def with_protocol(self, overrides: dict[str, Any] | None) -> Suite:
+        """A variant of the suite whose envs all play with ``overrides`` applied to their protocol settings (e.g.
+        ``{"reply_prefix": ""}``). It has its own hash and a ``+variant`` mark in its id."""
+        if not overrides:
+            return self
+        definition = copy.deepcopy(self.definition)
+        for entry in definition["envs"]:
+            entry["protocol"] = {**entry.get("protocol", {}), **overrides}
+        definition["variant_of"] = self.definition.get("variant_of") or f"{self.name}-v{self.version}"
         return suite_from_dict(definition)
 
 
@@ -207,6 +240,7 @@ def suite_from_dict(data: dict[str, Any]) -> Suite:
         reset_options = raw.get("reset_options")
         if reset_options is not None and not isinstance(reset_options, dict):
             raise ValueError(f"invalid reset_options {reset_options!r} for env {env_name!r}: expected an object")
+        protocol = _resolve_protocol(name, env_name, env_id, data.get("protocol"), raw.get("protocol"), env_kwargs)
         env_rollouts = raw.get("rollouts_per_state", rollouts)
         if not (isinstance(env_rollouts, int) and env_rollouts >= 1):
             raise ValueError(f"invalid rollouts_per_state={env_rollouts!r} for env {env_name!r}: expected an int >= 1")
@@ -221,12 +255,36 @@ def suite_from_dict(data: dict[str, Any]) -> Suite:
                 split=str(raw.get("split", "train")),
                 reset_options=reset_options,
                 note=str(raw.get("note", "")),
+                protocol=protocol,
             )
         )
+    definition = copy.deepcopy(data)
+    definition.pop("protocol", None)  # folded into each env's resolved settings below
+    for raw_env, entry in zip(definition["envs"], envs):
+        raw_env["protocol"] = entry.protocol.to_dict()
     return Suite(
         name=name, version=version, description=str(data.get("description", "")), envs=tuple(envs),
-        definition=copy.deepcopy(data),
+        definition=definition,
     )
+
+
+def _resolve_protocol(
+    suite: str, env_name: str, env_id: str, suite_level: Any, env_level: Any, env_kwargs: dict[str, Any]
+) -> ProtocolSettings:
+    """The env's reference settings with the suite's and the env entry's changes; disagreements name both places."""
+    import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+
+    for where, value in ((f"suite {suite} protocol", suite_level), (f"env {env_name!r} protocol", env_level)):
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"invalid {where} {value!r}: expected an object of protocol settings")
+    try:
+        base = reference_settings(env_id)
+    except ValueError as exc:
+        raise ValueError(f"invalid env entry {env_name!r} in suite {suite}: {exc}") from None
+    in_kwargs = {k: v for k, v in env_kwargs.items() if k in FIELD_NAMES}
+    # A loaded definition already holds each env's resolved settings: those are the env level, exact.
+    return merge_settings(base, [(f"suite {suite} protocol", suite_level), (f"env {env_name!r} protocol", env_level),
+                                 (f"env {env_name!r} env_kwargs", in_kwargs)])
 
 
 def _suite_dirs() -> list[Path]:
@@ -251,7 +309,7 @@ def available_suites(directory: Path | None = None) -> list[str]:
 
 
 def load_suite(name_or_path: str | Path) -> Suite:
-    """Load a suite by id (``"paper-v1"``), by name (``"paper"``: its highest version) or from a JSON file path."""
+    """Load a suite by id (``"paper-v2"``), by name (``"paper"``: its highest version) or from a JSON file path."""
     path = Path(name_or_path)
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():

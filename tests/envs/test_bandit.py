@@ -30,10 +30,11 @@ def payouts(env: BanditEnv, arm: str, n: int, seed0: int = 0) -> np.ndarray:
 )
 def test_registered_vocabularies(env_id, low, high):
     env = gym.make(env_id)
-    _, info = env.reset(seed=0)
+    obs, info = env.reset(seed=0)
     view = env.unwrapped.state_view()
     assert view["low_risk_arm"] == low and view["high_risk_arm"] == high
-    assert low in info["system_prompt"] and high in info["system_prompt"]
+    assert f"named {view['arms'][0]} and {view['arms'][1]}\n" in obs  # the reference's rules name both arms
+    assert low in gym.make(env_id, prompt_layout="ragen").reset(seed=0)[1]["system_prompt"]
     _, _, terminated, _, info = env.step(f"<think>t</think><answer>{high.lower()}</answer>")
     assert terminated and info["success"] and info["actions"] == [high]
 
@@ -89,8 +90,12 @@ def test_episode_is_one_pull_through_the_protocol():
     assert reward == pytest.approx(0.1)
 
 
-def test_bandit_truncates_after_five_bad_turns():
-    env = gym.make("ragen/Bandit-v0")
+def test_bandit_is_one_turn_and_more_turns_are_a_setting():
+    env = gym.make("ragen/Bandit-v0")  # the reference's max_turn: 1
+    env.reset(seed=0)
+    _, reward, terminated, truncated, info = env.step("<answer>no thinking</answer>")
+    assert reward == pytest.approx(-0.1) and not terminated and truncated
+    env = gym.make("ragen/Bandit-v0", max_turns=5)
     env.reset(seed=0)
     for turn in range(1, 6):
         _, reward, terminated, truncated, info = env.step("<answer>no thinking</answer>")

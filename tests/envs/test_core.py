@@ -56,7 +56,9 @@ def test_unwrapped_env_contract(env_id):
     view = env.state_view()
     json.dumps(view)  # the structured view is JSON-serialisable
     # An unknown action is a no-op with a reason, never an exception.
-    obs2, reward, terminated, truncated, info = env.step("definitely not an action")
+    # Countdown's reference scoring takes any non-empty answer (as the reference), so it gets a blank one
+    invalid = "   " if "Countdown" in env_id else "definitely not an action"
+    obs2, reward, terminated, truncated, info = env.step(invalid)
     assert obs2 == obs and reward == 0.0 and not terminated and not truncated
     assert set(INFO_KEYS) <= set(info)
     assert info["action_is_valid"] is False and "unknown action" in info["reason"]
@@ -110,9 +112,10 @@ class _Counter(BaseTextEnv):
 
 
 def test_subclass_with_only_hooks_works_through_the_protocol():
-    env = ragen_envs.make_text_env(_Counter, actions_per_turn=3)
+    env = ragen_envs.make_text_env(_Counter, actions_per_turn=3, lenient_actions=True)  # "+1" is a synonym
     obs, info = env.reset(seed=3)
-    assert "n=" in obs and "count" in info["system_prompt"]
+    # An env the reference does not have opens the reference layout's first message with its own instructions.
+    assert obs.startswith(env.unwrapped.instructions.strip() + "\nTurn 1:\nState:\nn=")
     obs, reward, terminated, truncated, info = env.step("<think>t</think><answer>inc || +1 || stop</answer>")
     assert reward == pytest.approx(2.0)
     parts = info["reward_parts"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from ragen_envs import demo
 
 
@@ -39,25 +41,40 @@ def test_demo_shows_an_episode_and_the_scripted_agents_succeed(capsys):
 
 
 def test_demo_agents_follow_the_protocol():
-    import gymnasium as gym
-    import numpy as np
+    from ragen_envs.driver import play_episodes, rollout_jobs
 
-    rng = np.random.default_rng(0)
-    env = gym.make("ragen/FrozenLake-v0")
-    env.reset(seed=3)
-    info = env.step(demo.frozen_lake_agent(env, rng))[4]
+    def first_turn(env_id, policy, **kwargs):
+        episode = play_episodes(env_id, rollout_jobs([3]), _OneTurn(policy), env_kwargs=kwargs)[0]
+        return episode.turns[0].info
+
+    info = first_turn("ragen/FrozenLake-v0", demo.frozen_lake_agent)
     assert info["format_ok"] and info["action_is_valid"] and info["reason"] is None
-    env = gym.make("ragen/FrozenLake-v0", reward_wrappers=["grounding"])
-    env.reset(seed=3)
-    info = env.step(demo.frozen_lake_agent(env, rng))[4]
+    info = first_turn("ragen/FrozenLake-v0", demo.frozen_lake_agent, reward_wrappers=["grounding"])
     assert (
         info["reward_details"]["grounding"]["supported"] >= 2
         and info["reward_details"]["grounding"]["contradicted"] == 0
     )
-    env = gym.make("ragen/FrozenLake-v0", actions_per_turn=3)
-    env.reset(seed=3)
-    info = env.step(demo.random_agent(env, rng))[4]
+    info = first_turn("ragen/FrozenLake-v0", demo.random_agent, actions_per_turn=3)
     assert info["format_ok"] and 1 <= len(info["actions"]) <= 3
+
+
+class _OneTurn(demo.ScriptedAgent):
+    """Plays one turn, then ends the episode (the test reads the first turn's info)."""
+
+    def reply_batch(self, episodes):
+        from ragen_envs.driver import AgentReply
+
+        return [AgentReply("", stop="test done") if e.turns else r
+                for e, r in zip(episodes, super().reply_batch(episodes))]  # fmt: skip
+
+
+def test_demo_webshop_agent_buys():
+    pytest.importorskip("bm25s")
+    from ragen_envs.driver import play_episodes, rollout_jobs
+
+    episodes = play_episodes("ragen/WebShop-v0", rollout_jobs([0, 1, 2, 3]), demo.ScriptedAgent(demo.webshop_agent))
+    assert all(e.terminated for e in episodes)  # every episode ends with a purchase, within the 9 turns
+    assert sum(e.success for e in episodes) >= 2
 
 
 def test_demo_rejects_unknown_env(capsys):

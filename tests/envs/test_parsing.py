@@ -54,13 +54,14 @@ def test_special_tokens_are_removed():
     assert p.format_ok and p.actions == ["Up"]
 
 
-def test_thinking_off_accepts_answer_tags_and_bare_actions():
+def test_thinking_off_accepts_answer_tags_and_bare_actions_only_when_asked():
     assert parse_reply("<answer>Left || Up</answer>", enable_think=False).actions == ["Left", "Up"]
-    bare = parse_reply("Left || Up", enable_think=False)
+    assert not parse_reply("Left || Up", enable_think=False).format_ok  # the reference requires the tags
+    bare = parse_reply("Left || Up", enable_think=False, bare_answers=True)
     assert bare.format_ok and bare.actions == ["Left", "Up"] and bare.think == ""
     # An opened but unclosed answer tag is still malformed with thinking off.
-    assert not parse_reply("<answer>Left", enable_think=False).format_ok
-    assert not parse_reply("   ", enable_think=False).format_ok
+    assert not parse_reply("<answer>Left", enable_think=False, bare_answers=True).format_ok
+    assert not parse_reply("   ", enable_think=False, bare_answers=True).format_ok
 
 
 def test_custom_separator():

@@ -47,7 +47,7 @@ def test_format_reward_credits_good_turns_only():
 def test_format_reward_without_thinking():
     env = lake(enable_think=False, reward_wrappers=["format"])
     env.reset(seed=0)
-    assert env.step("Right")[4]["reward_parts"]["format"] == pytest.approx(0.1)
+    assert env.step("<answer>Right</answer>")[4]["reward_parts"]["format"] == pytest.approx(0.1)
 
 
 def test_grounding_rewards_true_claims_and_penalises_hallucinations():

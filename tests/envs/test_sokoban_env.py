@@ -52,23 +52,23 @@ def test_registered_variants_and_determinism(env_id, dim, nb):
     assert base.dim_room == dim and len(base.state_view()["boxes"]) == nb
     assert obs == gym.make(env_id).reset(seed=11)[0]
     assert len({gym.make(env_id).reset(seed=s)[0] for s in range(15)}) > 10
-    assert info["optimal_pushes"] >= 1 and info["boxes_on_target"] == 0 and info["deadlock"] is False
+    # the reference generator (the default) does not know a level's optimum
+    assert info["optimal_pushes"] is None and info["boxes_on_target"] == 0 and info["deadlock"] is False
     grid = base.state_view()["grid"]
     assert len(grid) == dim[0] and all(len(row) == dim[1] for row in grid)
     symbols = set("".join(grid))
+    ragen_prompt = gym.make(env_id, prompt_layout="ragen").reset(seed=11)[1]["system_prompt"]
+    default_legend = "#: wall, _: empty, O: target, √: box on target, X: box, P: player, S: player on target"
+    # The reference layout prints the reference's default legend for every variant (its NewVocab quirk).
+    assert default_legend in obs and "Your available actions are:\nUp, Down, Left, Right" in obs
     if "NewVocab" in env_id:
         assert symbols <= set("W.GCBA@") and "A" in symbols | {"@"} and "B" in symbols
-        assert (
-            "W: wall, .: empty, G: target, C: box on target, B: box, A: player, @: player on target"
-            in (info["system_prompt"])
-        )
+        # the ragen layout names the symbols the grid really uses
+        assert "W: wall, .: empty, G: target, C: box on target, B: box, A: player, @: player on target" in ragen_prompt
     else:
         assert symbols <= set("#_O√XPS") and "X" in symbols
-        assert (
-            "#: wall, _: empty, O: target, √: box on target, X: box, P: player, S: player on target"
-            in (info["system_prompt"])
-        )
-    assert "Up, Down, Left, Right" in info["system_prompt"]
+        assert default_legend in ragen_prompt
+    assert "Up, Down, Left, Right" in ragen_prompt
     # the reference's protocol defaults
     assert tuple(env.get_wrapper_attr(k) for k in ("actions_per_turn", "max_actions_per_episode", "max_turns")) == (
         5,
@@ -213,7 +213,7 @@ def test_rgb_rendering_draws_each_thing():
 
 def test_pooled_env_resets_from_the_pool(tmp_path, monkeypatch):
     monkeypatch.setenv("RAGEN_CACHE_DIR", str(tmp_path))
-    env = SokobanEnv((6, 6), 1, pool_size=50, pool_seed=1, max_pushes=2)
+    env = SokobanEnv((6, 6), 1, generator="exact", pool_size=50, pool_seed=1, max_pushes=2)
     seen = set()
     for seed in range(30):
         obs, info = env.reset(seed=seed)
@@ -222,7 +222,8 @@ def test_pooled_env_resets_from_the_pool(tmp_path, monkeypatch):
         level = env.current_level()
         assert solve_level(level).moves == info["optimal_moves"]
     assert len(seen) > 5
-    assert env.reset(seed=4)[0] == SokobanEnv((6, 6), 1, pool_size=50, pool_seed=1, max_pushes=2).reset(seed=4)[0]
+    again = SokobanEnv((6, 6), 1, generator="exact", pool_size=50, pool_seed=1, max_pushes=2)
+    assert env.reset(seed=4)[0] == again.reset(seed=4)[0]
     first = env.reset(options={"level_index": 0})[0]
     assert first == env.reset(options={"level_index": 0})[0]
     with pytest.raises(ValueError, match="level_index"):

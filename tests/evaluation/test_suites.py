@@ -13,8 +13,8 @@ PAPER_ENVS = ["Bandit", "BanditTest", "BanditRev", "FrozenLake", "Sokoban", "Sok
 
 
 def test_paper_suite_follows_the_validation_protocol():
-    suite = load_suite("paper-v1")
-    assert suite.suite_id == "paper-v1" and load_suite("paper").hash == suite.hash  # name -> latest version
+    suite = load_suite("paper-v2")
+    assert suite.suite_id == "paper-v2" and load_suite("paper").hash == suite.hash  # name -> latest version
     assert [e.name for e in suite.envs] == PAPER_ENVS
     for entry in suite.envs:
         assert len(entry.seeds) == 256 and entry.rollouts_per_state == 1
@@ -27,8 +27,8 @@ def test_paper_suite_follows_the_validation_protocol():
 
 
 def test_quick_suite_is_a_prefix_of_the_paper_suite():
-    quick, paper = load_suite("quick-v1"), load_suite("paper-v1")
-    assert {"paper-v1", "quick-v1"} <= set(available_suites())
+    quick, paper = load_suite("quick-v2"), load_suite("paper-v2")
+    assert {"paper-v2", "quick-v2"} <= set(available_suites())
     for q, p in zip(quick.envs, paper.envs):
         assert (q.name, q.env_id, q.env_kwargs) == (p.name, p.env_id, p.env_kwargs)
         assert 1 <= len(q.seeds) <= 32 and q.seeds == p.seeds[: len(q.seeds)]
@@ -47,9 +47,9 @@ def test_hash_identifies_the_definition():
 
 
 def test_select_makes_a_marked_subset_with_its_own_hash():
-    paper = load_suite("paper-v1")
+    paper = load_suite("paper-v2")
     sub = paper.select(["Bandit", "Countdown"], max_states=4)
-    assert sub.suite_id == "paper-v1+subset" and sub.hash != paper.hash
+    assert sub.suite_id == "paper-v2+subset" and sub.hash != paper.hash
     assert [e.name for e in sub.envs] == ["Bandit", "Countdown"]
     assert sub.envs[0].seeds == paper.envs[0].seeds[:4]
     with pytest.raises(ValueError, match="Nope"):
@@ -77,7 +77,7 @@ def test_bad_suites_are_rejected_with_a_clear_message(patch, message):
 
 
 def test_unknown_suite_names_list_the_known_ones(tmp_path):
-    with pytest.raises(ValueError, match="paper-v1"):
+    with pytest.raises(ValueError, match="paper-v2"):
         load_suite("no-such-suite")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
@@ -88,7 +88,7 @@ def test_unknown_suite_names_list_the_known_ones(tmp_path):
 def test_every_shipped_suite_loads_and_its_envs_make():
     import gymnasium as gym
 
-    import ragen_envs  # noqa: F401 - registers the ids
+    import ragen_envs
 
     for suite_id in available_suites():
         suite = load_suite(suite_id)
@@ -96,9 +96,12 @@ def test_every_shipped_suite_loads_and_its_envs_make():
         for entry in suite.envs:
             if "WebShop" in entry.env_id:
                 continue  # starts a server; covered by the WebShop tests
-            env = gym.make(entry.env_id, **entry.env_kwargs)
+            env = gym.make(entry.env_id, **entry.make_kwargs())
+            assert ragen_envs.find_protocol(env).settings == entry.protocol
             env.reset(seed=entry.seeds[0])
             env.close()
-    bare = load_suite("bandit-bare-v1")
+    bare = load_suite("bandit-bare-v2")
     assert [e.name for e in bare.envs] == ["Bandit", "BanditTest", "BanditRev"]
-    assert all(e.env_kwargs == {"enable_think": False, "max_turns": 1} and len(e.seeds) == 64 for e in bare.envs)
+    assert all(len(e.seeds) == 64 for e in bare.envs)
+    assert all((e.protocol.enable_think, e.protocol.max_turns, e.protocol.generation_prefix) == (False, 1, "<answer>")
+               for e in bare.envs)  # fmt: skip

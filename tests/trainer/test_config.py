@@ -22,8 +22,9 @@ CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))
 
 
 def test_defaults_are_the_paper_starpo_s_settings():
-    cfg = StarPOConfig().validate()
-    assert (cfg.env_groups, cfg.group_size, cfg.max_turns) == (8, 16, 5)
+    cfg = StarPOConfig(env_id="ragen/Sokoban-v0").validate()
+    assert (cfg.env_groups, cfg.group_size, cfg.protocol_settings().max_turns) == (8, 16, 5)
+    assert cfg.protocol == {}  # the env id's reference protocol, untouched
     assert (cfg.filter_ratio, cfg.filter_mode, cfg.kept_groups) == (0.25, "std", 2)
     assert (cfg.clip_low, cfg.clip_high, cfg.kl_coef, cfg.entropy_coef) == (0.2, 0.28, 0.0, 0.001)
     assert (cfg.actor_lr, cfg.critic_lr, cfg.gamma, cfg.lam, cfg.turn_gamma) == (1e-6, 1e-5, 1.0, 1.0, 0.95)
@@ -43,7 +44,7 @@ def test_presets_differ_where_the_paper_says():
     grpo = preset("grpo").validate()
     assert grpo.adv_estimator == "grpo" and not grpo.use_critic and grpo.filter_ratio == 1.0
     assert preset("ppo").adv_estimator == "gae" and preset("ppo").use_critic
-    assert preset("starpo-s-no-think").enable_think is False
+    assert preset("starpo-s-no-think").protocol_settings().enable_think is False
     assert preset("starpo-s-std-rev").filter_mode == "std_rev"
     for name in PRESETS:
         preset(name).validate()
@@ -135,7 +136,7 @@ def test_text_overrides_are_parsed_by_type():
         "filter_ratio=0.5", "group_size=4", "enable_think=false", "env_kwargs={size: 6, p: 0.8}",
         "report_to=console,jsonl", "actor_lr=1e-5", "model=smollm2",
     ])).validate()
-    assert cfg.filter_ratio == 0.5 and cfg.group_size == 4 and cfg.enable_think is False
+    assert cfg.filter_ratio == 0.5 and cfg.group_size == 4 and cfg.protocol == {"enable_think": False}
     assert cfg.env_kwargs == {"size": 6, "p": 0.8} and cfg.report_to == ["console", "jsonl"]
     assert cfg.actor_lr == 1e-5 and isinstance(cfg.actor_lr, float)
 
@@ -162,15 +163,35 @@ def test_yaml_values_are_never_executed(tmp_path):
 
 
 def test_reply_prefix_default_overrides_and_validation(tmp_path):
-    assert StarPOConfig().validate().reply_prefix == "auto"  # the reference's <think> / <answer> generation prefix
+    # the reference's <think> / <answer> generation prefix
+    assert StarPOConfig().validate().protocol_settings().reply_prefix == "auto"
     for text, expected in (("reply_prefix=", ""), ("reply_prefix=<answer>", "<answer>"), ("reply_prefix=auto", "auto")):
-        assert apply_overrides(StarPOConfig(), parse_overrides([text])).validate().reply_prefix == expected
+        cfg = apply_overrides(StarPOConfig(), parse_overrides([text])).validate()
+        assert cfg.protocol_settings().reply_prefix == expected
     path = tmp_path / "prefix.yaml"
     path.write_text('reply_prefix: ""\nenable_think: false\n')
-    assert load_config(path).reply_prefix == ""
-    for bad, allowed in ((None, "str"), (3, "str"), ("a\x00b", "'auto'")):
-        cfg = StarPOConfig()
-        cfg.reply_prefix = bad
+    assert load_config(path).protocol_settings().generation_prefix == ""
+    for bad, allowed in ((None, "'auto'"), (3, "'auto'"), ("a\x00b", "'auto'")):
+        cfg = StarPOConfig(protocol={"reply_prefix": bad})
         with pytest.raises(ValueError) as err:
             cfg.validate()
         assert "reply_prefix" in str(err.value) and allowed in str(err.value)
+
+
+def test_protocol_settings_layer_and_conflicts_name_both_places(tmp_path):
+    cfg = load_config("starpo-s").replace(env_id="ragen/WebShop-v0").validate()
+    assert cfg.protocol_settings().max_turns == 9  # the id's reference value, not a trainer default
+    path = tmp_path / "p.yaml"
+    path.write_text("env_id: ragen/FrozenLake-v0\nprotocol:\n  max_turns: 3\nactions_per_turn: 2\n")
+    cfg = load_config(path)
+    assert cfg.protocol == {"max_turns": 3, "actions_per_turn": 2}
+    assert cfg.replace(max_turns=4).protocol_settings().max_turns == 4  # a later layer (flag) changes the field
+    kwargs = cfg.env_make_kwargs()
+    assert kwargs["protocol"].max_turns == 3 and "max_turns" not in kwargs
+    clash = cfg.replace(env_kwargs={"max_turns": 4, "size": 5})
+    with pytest.raises(ValueError, match="'max_turns' is given twice.*3 in config field protocol.*4 in config field "
+                                         "env_kwargs"):
+        clash.validate()
+    assert cfg.replace(env_kwargs={"max_turns": 3}).validate()  # the same value in both places is fine
+    with pytest.raises(ValueError, match="env_id"):
+        StarPOConfig(env_id="ragen/Nope-v0").validate()

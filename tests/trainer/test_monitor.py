@@ -60,7 +60,8 @@ def test_rollout_metrics_on_a_known_batch():
     m = rollout_metrics(batch)
     assert m["reward/mean"] == pytest.approx(0.5)
     assert m["reward/std"] == pytest.approx(math.sqrt(0.125))
-    assert m[KEY_IN_GROUP_STD] == pytest.approx(0.25)  # group 0: std 0.5, group 1: std 0
+    # group 0: sample std 0.707 (the filter's in-group std, as the reference's torch.std), group 1: 0
+    assert m[KEY_IN_GROUP_STD] == pytest.approx(math.sqrt(0.5) / 2)
     assert m["reward/zero_std_groups"] == pytest.approx(0.5)
     assert m["success_rate"] == pytest.approx(0.25)
     assert m["episode/num_turns"] == pytest.approx(1.25)
@@ -84,7 +85,7 @@ def test_rollout_metrics_count_thinking_tokens_with_a_tokenizer(tiny_tokenizer, 
     think = "The dragon is risky but pays more on average."
     engine = scripted_engine(tiny_tokenizer, [f"<think>{think}</think><answer>Dragon</answer>"])
     batch = collect_rollouts(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(), reply_prefix=""
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(), env_kwargs={"reply_prefix": ""}
     )
     m = rollout_metrics(batch, tiny_tokenizer)
     assert m["response/thinking_length"] == len(tiny_tokenizer(think, add_special_tokens=False)["input_ids"])

@@ -9,9 +9,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ragen_trainer.engines import SamplingParams  # noqa: E402
-from ragen_trainer.engines.hf import HFEngine  # noqa: E402
-from ragen_trainer.rollout import ChatTokens, collect_rollouts, placed_rewards  # noqa: E402
+from ragen_trainer.engines import SamplingParams
+from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.rollout import ChatTokens, collect_rollouts, placed_rewards
 
 WIN = "<think>The dragon is risky but pays more on average.</think><answer>Dragon</answer>"
 BAD = "<think>hmm</think><answer>Unicorn</answer>"
@@ -32,10 +32,22 @@ class RecordingEngine:
         return out
 
 
+def collect(*args, max_turns=None, reply_prefix=None, env_kwargs=None, **kwargs):
+    """``collect_rollouts`` with protocol settings (turn cap, generation prefix) given as the env's kwargs."""
+    env_kwargs = dict(env_kwargs or {})
+    if max_turns is not None:
+        env_kwargs["max_turns"] = max_turns
+    if reply_prefix is not None:
+        env_kwargs["reply_prefix"] = reply_prefix
+    return collect_rollouts(*args, env_kwargs=env_kwargs, **kwargs)
+
+
 def rollouts_no_prefix(*args, **kwargs):
-    """``collect_rollouts`` with the reply prefix off: the scripted replies below are whole replies (tags included)."""
+    """``collect`` with the reply prefix off (the scripted replies below are whole replies, tags included) and 5 turns
+    (the reference's Bandit has one; the scripted BAD-then-WIN episodes test multi-turn bookkeeping on it)."""
     kwargs.setdefault("reply_prefix", "")
-    return collect_rollouts(*args, **kwargs)
+    kwargs.setdefault("max_turns", 5)
+    return collect(*args, **kwargs)
 
 
 def _spans_mask(traj):
@@ -48,7 +60,7 @@ def _spans_mask(traj):
 
 def test_rollout_masks_exactly_the_model_tokens(tiny_model, tiny_tokenizer):
     engine = RecordingEngine(HFEngine(tiny_model, tiny_tokenizer, batch_size=8))
-    batch = collect_rollouts(
+    batch = collect(
         engine,
         tiny_tokenizer,
         "ragen/FrozenLake-v0",
@@ -98,7 +110,7 @@ def test_group_rollouts_share_the_initial_state_and_seeded_runs_repeat(tiny_mode
     engine = HFEngine(tiny_model, tiny_tokenizer)
     params = SamplingParams(max_new_tokens=8, seed=3)
     seeds = [0, 3, 5]  # Bandit arm orders: seed 0 Phoenix first, seeds 3 and 5 Dragon first
-    batch = collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", seeds, 2, sampling=params, max_turns=2)
+    batch = collect(engine, tiny_tokenizer, "ragen/Bandit-v0", seeds, 2, sampling=params, max_turns=2)
     groups = batch.groups()
     assert sorted(groups) == list(range(3))
     first_prompt = {}
@@ -108,14 +120,14 @@ def test_group_rollouts_share_the_initial_state_and_seeded_runs_repeat(tiny_mode
         assert a == b  # same initial state, same prompt tokens
         first_prompt[gid] = a
     assert len({tuple(p) for p in first_prompt.values()}) == 2  # Bandit: two arm orders across seeds
-    again = collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", seeds, 2, sampling=params, max_turns=2)
+    again = collect(engine, tiny_tokenizer, "ragen/Bandit-v0", seeds, 2, sampling=params, max_turns=2)
     assert [t.input_ids for t in again.trajectories] == [t.input_ids for t in batch.trajectories]
 
 
 def test_scripted_multi_turn_rewards_success_and_reward_placement(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, [BAD, WIN])
-    batch = rollouts_no_prefix(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 3, sampling=SamplingParams(max_new_tokens=64)
+    batch = rollouts_no_prefix(  # Bandit is one turn in the reference; two turns here to test multi-turn bookkeeping
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 3, sampling=SamplingParams(max_new_tokens=64), max_turns=5
     )
     for traj in batch.trajectories:
         assert traj.num_turns == 2 and traj.success and not traj.truncated
@@ -150,11 +162,11 @@ def test_max_turns_and_env_turn_limit_truncate(tiny_tokenizer, scripted_engine):
         engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 2, max_turns=2, sampling=SamplingParams(max_new_tokens=64)
     )
     assert all(t.num_turns == 2 and t.truncated and not t.success for t in capped.trajectories)
-    # Without max_turns the env's own limit (Bandit: 5 turns) ends the episode, also truncated.
+    # Without max_turns the id's reference limit (Bandit: one turn) ends the episode, also truncated.
     env_limit = rollouts_no_prefix(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64)
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64), max_turns=None
     )
-    assert env_limit.trajectories[0].num_turns == 5 and env_limit.trajectories[0].truncated
+    assert env_limit.trajectories[0].num_turns == 1 and env_limit.trajectories[0].truncated
 
 
 def test_context_limit_cuts_the_reply_and_truncates(tiny_tokenizer, scripted_engine):
@@ -234,7 +246,7 @@ def test_other_chat_templates(tiny_tokenizer, scripted_engine, template):
     assert traj.loss_mask == _spans_mask(traj)
     text = tokenizer.decode(traj.input_ids)
     system = traj.messages[0]["content"]
-    assert system in text and text.count("Turn 1:") == 1 and text.count("Turn 2:") == 1
+    assert system.strip() in text and text.count("Turn 1:") == 1 and text.count("Turn 2:") == 1
     if template is NO_SYSTEM:
         assert text.startswith("<start_of_turn>user\n" + system)  # folded into the first user turn
         assert text.count("<start_of_turn>assistant\n") == 2
@@ -313,7 +325,7 @@ def test_env_kwargs_reach_the_env(tiny_tokenizer, scripted_engine):
         env_kwargs={"low_risk_name": "Trader", "high_risk_name": "Librarian"},
     )
     traj = batch.trajectories[0]
-    assert "Librarian" in traj.messages[0]["content"] and traj.infos[0]["actions"] == ["Trader"]
+    assert "Librarian" in traj.messages[1]["content"] and traj.infos[0]["actions"] == ["Trader"]
     assert not traj.success
 
 
@@ -324,7 +336,7 @@ def test_smollm2_short_rollout_on_bandit():
 
     model, tokenizer = load_model_and_tokenizer(None, device="cpu")
     engine = HFEngine(model, tokenizer)
-    batch = collect_rollouts(
+    batch = collect(
         engine,
         tokenizer,
         "ragen/Bandit-v0",
@@ -390,15 +402,15 @@ def _check_prefixed_rollout(tokenizer, engine, batch, prefix, expected_replies):
 
 def test_reply_prefix_auto_with_thinking_continues_inside_think(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, _by_turn(THINK_CONT))
-    batch = collect_rollouts(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(max_new_tokens=64)
+    batch = collect(
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(max_new_tokens=64), max_turns=5
     )
     _check_prefixed_rollout(tiny_tokenizer, engine, batch, "<think>", [BAD, WIN])
 
 
 def test_reply_prefix_auto_without_thinking_continues_inside_answer(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, _by_turn(ANSWER_CONT))
-    batch = collect_rollouts(
+    batch = collect(
         engine,
         tiny_tokenizer,
         "ragen/Bandit-v0",
@@ -406,6 +418,7 @@ def test_reply_prefix_auto_without_thinking_continues_inside_answer(tiny_tokeniz
         2,
         env_kwargs={"enable_think": False},
         sampling=SamplingParams(max_new_tokens=64),
+        max_turns=5,
     )
     _check_prefixed_rollout(
         tiny_tokenizer, engine, batch, "<answer>", ["<answer>Unicorn</answer>", "<answer>Dragon</answer>"]
@@ -414,7 +427,7 @@ def test_reply_prefix_auto_without_thinking_continues_inside_answer(tiny_tokeniz
 
 def test_reply_prefix_custom_text_and_empty_disables(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, _by_turn(ANSWER_CONT))
-    batch = collect_rollouts(
+    batch = collect(
         engine,
         tiny_tokenizer,
         "ragen/Bandit-v0",
@@ -422,13 +435,14 @@ def test_reply_prefix_custom_text_and_empty_disables(tiny_tokenizer, scripted_en
         1,
         reply_prefix="<think>ok</think><answer>",
         sampling=SamplingParams(max_new_tokens=64),
+        max_turns=5,
     )
     full = ["<think>ok</think><answer>Unicorn</answer>", "<think>ok</think><answer>Dragon</answer>"]
     _check_prefixed_rollout(tiny_tokenizer, engine, batch, "<think>ok</think><answer>", full)
 
     # "" turns the prefix off: the prompt ends at the generation prompt and the env gets the bare reply.
     engine = scripted_engine(tiny_tokenizer, _by_turn(ANSWER_CONT))
-    traj = collect_rollouts(
+    traj = collect(
         engine,
         tiny_tokenizer,
         "ragen/Bandit-v0",
@@ -447,27 +461,17 @@ def test_reply_prefix_custom_text_and_empty_disables(tiny_tokenizer, scripted_en
 
 
 def test_reply_prefix_resolution_and_bad_values(tiny_tokenizer, scripted_engine):
-    import gymnasium as gym
+    from ragen_envs.settings import ProtocolSettings
 
-    import ragen_envs  # noqa: F401
-    from ragen_trainer.rollout import protocol_enable_think, resolve_reply_prefix
-
-    think_env = gym.make("ragen/Bandit-v0")
-    plain_env = gym.make("ragen/Bandit-v0", enable_think=False)
-    assert protocol_enable_think(think_env) is True and protocol_enable_think(plain_env) is False
-    assert resolve_reply_prefix("auto", think_env) == "<think>"
-    assert resolve_reply_prefix("auto", plain_env) == "<answer>"
-    assert resolve_reply_prefix("", think_env) == "" and resolve_reply_prefix("Go: ", think_env) == "Go: "
-    bare = think_env.unwrapped  # no TurnProtocol in the chain: nothing to continue inside
-    assert protocol_enable_think(bare) is None and resolve_reply_prefix("auto", bare) == ""
-    think_env.close()
-    plain_env.close()
-
+    assert ProtocolSettings().generation_prefix == "<think>"
+    assert ProtocolSettings(enable_think=False).generation_prefix == "<answer>"
+    assert ProtocolSettings(reply_prefix="").generation_prefix == ""
+    assert ProtocolSettings(reply_prefix="Go: ").generation_prefix == "Go: "
     engine = scripted_engine(tiny_tokenizer, [WIN])
     for bad in (None, 3, "a\x00b"):
         with pytest.raises(ValueError, match="reply_prefix"):
             collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(),
-                             reply_prefix=bad)
+                             env_kwargs={"reply_prefix": bad})
 
 
 def test_chat_engine_refuses_an_explicit_reply_prefix():
@@ -475,4 +479,4 @@ def test_chat_engine_refuses_an_explicit_reply_prefix():
 
     engine = OpenAIEngine("fake", "http://127.0.0.1:9", backoff=0.0)
     with pytest.raises(ValueError, match="reply_prefix.*cannot continue"):
-        collect_rollouts(engine, None, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(), reply_prefix="<answer>")
+        collect(engine, None, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(), reply_prefix="<answer>")

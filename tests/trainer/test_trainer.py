@@ -26,6 +26,7 @@ def small_config(tmp_path, preset="starpo-s", **changes):
         total_steps=2, save_steps=1, val_every=0, micro_batch_size=2, generation_batch_size=8,
         actor_lr=1e-3, critic_lr=1e-3, report_to=["jsonl"], output_dir=str(tmp_path / "run"),
         reply_prefix="",  # the scripted engines below write whole replies (bare actions or tags included)
+        bare_answers=True,  # ... and bare actions are answers (ragen's lenient option; the reference wants <answer>)
     )
     base.update(changes)
     return load_config(preset).replace(**base).validate()

@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import ragen_envs  # noqa: F401 - registers the ids
+import ragen_envs
 from ragen_envs.webshop import WebShopEnv
 from webshop_server.catalog import GeneratedCatalog
 
@@ -39,10 +39,13 @@ def test_check_env_unwrapped_and_wrapped():
 def test_protocol_defaults_match_the_reference():
     env = gym.make("ragen/WebShop-v0", **SMALL)
     try:
-        proto = env.env.env  # OrderEnforcing -> PassiveEnvChecker -> TurnProtocol
+        proto = ragen_envs.find_protocol(env)
         assert (proto.actions_per_turn, proto.max_turns, proto.max_actions_per_episode) == (1, 9, 9)
+        assert proto.settings.length_hint == 200
         prompt, info = env.reset(seed=0)
-        assert "search[" in info["system_prompt"] and info["available_actions"] == ["search[<content>]"]
+        assert prompt.startswith(env.unwrapped.reference_instruction) and "Max response length: 200 words" in prompt
+        assert "You must choose from these actions:search[<content>]." in prompt
+        assert info["available_actions"] == ["search[<content>]"]
         for turn in range(9):
             reply = "no tags at all" if turn % 2 else "<think>look</think><answer>click[nothing]</answer>"
             prompt, reward, terminated, truncated, info = env.step(reply)

@@ -1,0 +1,391 @@
+"""The one episode driver: play batches of episodes of a ragen env with any agent.
+
+Training rollouts, validation, ``ragen-trainer eval``, ``ragen-demo`` and the TRL adapter all play episodes through
+:func:`play_episodes`, so they cannot drift apart: the same seeds and the same agent give the same episodes wherever
+they are played.
+
+    from ragen_envs.driver import play_episodes, rollout_jobs
+
+    episodes = play_episodes("ragen/Sokoban-v0", rollout_jobs(seeds=[0, 1], group_size=4), agent)
+
+An *agent* is any object with ``reply_batch(episodes) -> list[AgentReply | str]``: it gets the live episodes of a
+batch (each with its chat so far in ``episode.messages``, the latest ``info``, the env and a per-episode ``memory``)
+and returns one reply each. A model agent keeps its token ids in ``memory`` (see ``ragen_trainer.rollout``); a scripted
+agent may read ``episode.env.unwrapped``. An :class:`AgentReply` with ``stop`` set ends its episode (truncated) without
+a step, e.g. when the model's context is full.
+
+Jobs and seeds. A job is one episode: its group (initial state), the env ``seed`` of that state, its ``rollout`` index
+in the group and any reset ``options``. Every rollout of a group resets with the group's seed, so they share the
+initial state; rollout 0 keeps the env's own randomness from that seed, and each further rollout ``r`` re-seeds what
+happens after the reset (``options["dynamics_seed"]`` = :func:`dynamics_seed`), so the N rollouts of a group see
+independent payouts and slips. A single-rollout evaluation and rollout 0 of a training group are therefore the same
+episode.
+
+Batches. ``batch_size`` episodes are played at a time (all of them by default), turn-synchronously: every turn the
+agent answers all live episodes of the batch in one call, then each reply is stepped. Envs are made once per batch
+slot and reset for each episode (:class:`EnvSlots`; WebShop starts its server once, not per episode).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import gymnasium as gym
+import numpy as np
+
+from ragen_envs.core import INFO_KEYS, check_arg
+from ragen_envs.protocol import TurnProtocol, find_protocol
+
+#: Info keys the protocol itself adds (besides the contract); everything else is the env's own.
+PROTOCOL_INFO_KEYS: frozenset[str] = frozenset(
+    {"reason", "turn", "actions_left", "invalid_actions", "dropped_actions", "system_prompt"}
+)
+#: No episode is played for more turns than this, whatever its protocol says (a guard against a broken env).
+MAX_TURNS_GUARD = 10_000
+
+
+@dataclass
+class AgentReply:
+    """One reply of an agent."""
+
+    text: str
+    """The reply as the env receives it."""
+    tokens: int | None = None
+    """Generated tokens (model agents), for the records."""
+    stop: str | None = None
+    """Set to a reason to end the episode here, truncated, without stepping the env (e.g. ``"context full"``)."""
+
+
+@dataclass(frozen=True)
+class EpisodeJob:
+    """One episode to play: which initial state (``seed``), which rollout of its group, and reset options."""
+
+    group_id: int
+    seed: int
+    rollout: int = 0
+    options: dict[str, Any] | None = None
+    tag: Any = None
+    """Anything the caller wants back on the episode (e.g. the suite's state index)."""
+
+
+@dataclass
+class Turn:
+    """One played turn: the reply and what the env answered."""
+
+    reply: str
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+    tokens: int | None = None
+
+
+@dataclass
+class Episode:
+    """One episode, live while it is played and a record afterwards."""
+
+    env_id: str
+    env_name: str
+    job: EpisodeJob
+    env: gym.Env | None
+    messages: list[dict[str, str]]
+    """The chat: system (when the layout has one), user, then assistant / user per turn."""
+    info: dict[str, Any]
+    """The latest ``info`` (from ``reset``, then from each ``step``)."""
+    reset_info: dict[str, Any]
+    turns: list[Turn] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+    """Per-episode scratch space of the agent (kept across the episode's turns)."""
+    done: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    end_reason: str | None = None
+    """Why the driver ended the episode when the env did not (the agent's ``stop``, an error)."""
+    error: str | None = None
+
+    # ---------------------------------------------------------------- identity, for agents and records
+    @property
+    def group_id(self) -> int:
+        return self.job.group_id
+
+    @property
+    def seed(self) -> int:
+        return self.job.seed
+
+    @property
+    def rollout(self) -> int:
+        return self.job.rollout
+
+    @property
+    def protocol(self) -> TurnProtocol:
+        """The env's turn protocol (its settings: ``episode.protocol.settings``)."""
+        if self.env is None:
+            raise ValueError("the episode is over; its env has been handed back")
+        return find_protocol(self.env)
+
+    @property
+    def system_prompt(self) -> str:
+        return str(self.reset_info.get("system_prompt", ""))
+
+    @property
+    def first_observation(self) -> str:
+        return next(m["content"] for m in self.messages if m["role"] == "user")
+
+    @property
+    def reward(self) -> float:
+        """The episode's return: the sum of its turn rewards (format penalties and reward wrappers included)."""
+        return float(sum(t.reward for t in self.turns))
+
+    @property
+    def success(self) -> bool:
+        """The env's own success flag after the last turn (never inferred from the reward)."""
+        return bool(self.info.get("success", False))
+
+
+class Agent(Protocol):
+    """What :func:`play_episodes` asks of an agent."""
+
+    def reply_batch(self, episodes: list[Episode]) -> list[AgentReply | str]: ...
+
+
+def dynamics_seed(seed: int, rollout: int) -> int:
+    """The env-randomness seed of rollout ``rollout`` of the group started from ``seed`` (stable, distinct)."""
+    return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(rollout)]).generate_state(1)[0])
+
+
+def rollout_jobs(
+    seeds: Sequence[int], group_size: int = 1, *, options: Sequence[dict[str, Any] | None] | None = None
+) -> list[EpisodeJob]:
+    """``len(seeds) x group_size`` jobs, group by group: group ``g`` starts from ``seeds[g]`` (with ``options[g]``)."""
+    check_arg(
+        isinstance(seeds, (list, tuple)) and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool)
+                                                 for s in seeds),
+        "seeds",
+        seeds,
+        "a list of ints",
+    )  # fmt: skip
+    check_arg(
+        isinstance(group_size, int) and not isinstance(group_size, bool) and group_size >= 1,
+        "group_size",
+        group_size,
+        "an int >= 1",
+    )
+    check_arg(options is None or len(options) == len(seeds), "options", options, "None or one entry per seed")
+    return [
+        EpisodeJob(group_id=g, seed=int(seed), rollout=r, options=None if options is None else options[g])
+        for g, seed in enumerate(seeds)
+        for r in range(group_size)
+    ]
+
+
+class EnvSlots:
+    """Envs made on demand and reused: slot ``i`` is one env, reset for each episode played in it."""
+
+    def __init__(self, env_id: str, env_kwargs: dict[str, Any] | None = None) -> None:
+        check_arg(isinstance(env_id, str) and env_id in gym.registry, "env_id", env_id, "a registered gymnasium id")
+        check_arg(env_kwargs is None or isinstance(env_kwargs, dict), "env_kwargs", env_kwargs, "None or a dict")
+        self.env_id = env_id
+        self.env_kwargs = dict(env_kwargs or {})
+        self._envs: list[gym.Env] = []
+
+    def get(self, index: int) -> gym.Env:
+        while len(self._envs) <= index:
+            self._envs.append(gym.make(self.env_id, **self.env_kwargs))
+        return self._envs[index]
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+        self._envs.clear()
+
+    def __enter__(self) -> EnvSlots:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def play_episodes(
+    env_id: str,
+    jobs: Sequence[EpisodeJob],
+    agent: Agent,
+    *,
+    env_kwargs: dict[str, Any] | None = None,
+    env_name: str | None = None,
+    batch_size: int | None = None,
+    envs: EnvSlots | None = None,
+    on_error: str = "raise",
+    progress: Any = None,
+    on_step: Callable[[Episode, Turn], None] | None = None,
+    on_batch_end: Callable[[list[Episode]], None] | None = None,
+) -> list[Episode]:
+    """Play every job with ``agent``; returns the finished episodes in job order.
+
+    Args:
+        env_id: a registered ragen id (``"ragen/Sokoban-v0"``).
+        jobs: the episodes to play (:func:`rollout_jobs` makes the usual ``P x N`` groups).
+        agent: answers the live episodes of a batch each turn (see the module docstring).
+        env_kwargs: ``gymnasium.make`` keyword arguments (env arguments and protocol settings).
+        env_name: a display name for records (default: ``env_id``).
+        batch_size: episodes played at a time (``None``: all at once).
+        envs: reuse these env slots (the caller closes them); default: make them here and close them at the end.
+        on_error: ``"raise"`` (training: a failing agent or env stops the run) or ``"record"`` (evaluation: the
+            episode ends with ``error`` set and the others go on).
+        progress: a tqdm-like bar updated by one per finished episode (``update(n)``, optional
+            ``set_postfix_str``), or ``None``.
+        on_step: called after each step with the episode and its new turn, while the env holds that state (e.g. to
+            record the grid after the turn).
+        on_batch_end: called with each batch's finished episodes while their envs still hold the final states.
+    """
+    check_arg(on_error in ("raise", "record"), "on_error", on_error, "'raise' or 'record'")
+    check_arg(
+        batch_size is None or (isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1),
+        "batch_size",
+        batch_size,
+        "None or an int >= 1",
+    )
+    check_arg(callable(getattr(agent, "reply_batch", None)), "agent", agent, "an object with reply_batch(episodes)")
+    jobs = list(jobs)
+    own_envs = envs is None
+    slots = envs if envs is not None else EnvSlots(env_id, env_kwargs)
+    size = batch_size or max(len(jobs), 1)
+    finished: list[Episode] = []
+    try:
+        for start in range(0, len(jobs), size):
+            batch = [
+                _start_episode(env_id, env_name or env_id, job, slots.get(k), on_error)
+                for k, job in enumerate(jobs[start : start + size])
+            ]
+            _count(progress, sum(e.done for e in batch))
+            _play_batch(batch, agent, on_error, progress, env_name or env_id, on_step)
+            if on_batch_end is not None:  # the envs still hold each episode's final state here
+                on_batch_end(batch)
+            for episode in batch:
+                episode.env = None  # the slot is reused; the record keeps no live env
+            finished.extend(batch)
+    finally:
+        if own_envs:
+            slots.close()
+    return finished
+
+
+def _start_episode(env_id: str, env_name: str, job: EpisodeJob, env: gym.Env, on_error: str) -> Episode:
+    options = dict(job.options or {})
+    if job.rollout > 0:  # further rollouts of a group: same initial state, their own env randomness
+        options["dynamics_seed"] = dynamics_seed(job.seed, job.rollout)
+    episode = Episode(env_id=env_id, env_name=env_name, job=job, env=env, messages=[], info={}, reset_info={})
+    try:
+        observation, info = env.reset(seed=job.seed, options=options or None)
+    except Exception:
+        if on_error == "raise":
+            raise
+        _end(episode, error=traceback.format_exc(limit=3))
+        return episode
+    system = str(info.get("system_prompt") or "")
+    episode.messages = ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": observation}
+    ]
+    episode.info = info
+    episode.reset_info = info
+    return episode
+
+
+def _play_batch(
+    batch: list[Episode], agent: Agent, on_error: str, progress: Any, env_name: str, on_step: Callable | None
+) -> None:
+    for turn in range(MAX_TURNS_GUARD):
+        live = [e for e in batch if not e.done]
+        if not live:
+            return
+        if progress is not None and hasattr(progress, "set_postfix_str"):
+            progress.set_postfix_str(f"{env_name} turn {turn + 1}, {len(live)} live")
+        try:
+            replies = list(agent.reply_batch(live))
+            if len(replies) != len(live):
+                raise RuntimeError(f"the agent returned {len(replies)} replies for {len(live)} episodes")
+        except Exception:
+            if on_error == "raise":
+                raise
+            message = traceback.format_exc(limit=3)
+            for e in live:
+                _end(e, error=message)
+            _count(progress, len(live))
+            continue
+        for episode, reply in zip(live, replies):
+            reply = reply if isinstance(reply, AgentReply) else AgentReply(str(reply))
+            if reply.stop is not None:
+                _end(episode, truncated=True, reason=reply.stop)
+            else:
+                try:
+                    _step(episode, reply)
+                    if on_step is not None:
+                        on_step(episode, episode.turns[-1])
+                except Exception:
+                    if on_error == "raise":
+                        raise
+                    _end(episode, error=traceback.format_exc(limit=3))
+            if episode.done:
+                _count(progress, 1)
+    for e in batch:
+        if not e.done:
+            _end(e, error=f"the episode did not end within {MAX_TURNS_GUARD} turns")
+            _count(progress, 1)
+
+
+def _step(episode: Episode, reply: AgentReply) -> None:
+    assert episode.env is not None
+    observation, reward, terminated, truncated, info = episode.env.step(reply.text)
+    episode.turns.append(
+        Turn(reply.text, observation, float(reward), bool(terminated), bool(truncated), dict(info), reply.tokens)
+    )
+    episode.info = info
+    episode.messages.append({"role": "assistant", "content": reply.text})
+    episode.messages.append({"role": "user", "content": observation})
+    if terminated or truncated:
+        episode.done, episode.terminated, episode.truncated = True, bool(terminated), bool(truncated and not terminated)
+
+
+def _end(episode: Episode, *, truncated: bool = False, reason: str | None = None, error: str | None = None) -> None:
+    episode.done = True
+    episode.truncated = truncated
+    episode.end_reason = reason if error is None else "error"
+    episode.error = error
+
+
+def _count(progress: Any, n: int) -> None:
+    if progress is not None and n:
+        progress.update(n)
+
+
+def env_extras(info: dict[str, Any]) -> dict[str, Any]:
+    """The env's own keys of an ``info`` dict (neither the contract's nor the protocol's)."""
+    return {k: v for k, v in info.items() if k not in INFO_KEYS and k not in PROTOCOL_INFO_KEYS}
+
+
+def episodes_by_group(episodes: Iterable[Episode]) -> dict[int, list[Episode]]:
+    """Episodes keyed by group id, rollouts in order."""
+    groups: dict[int, list[Episode]] = {}
+    for e in episodes:
+        groups.setdefault(e.group_id, []).append(e)
+    return groups
+
+
+__all__ = [
+    "MAX_TURNS_GUARD",
+    "PROTOCOL_INFO_KEYS",
+    "Agent",
+    "AgentReply",
+    "EnvSlots",
+    "Episode",
+    "EpisodeJob",
+    "Turn",
+    "dynamics_seed",
+    "env_extras",
+    "episodes_by_group",
+    "play_episodes",
+    "rollout_jobs",
+]

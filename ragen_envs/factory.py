@@ -1,0 +1,57 @@
+"""The entry point of every ``ragen/<Name>-v0`` id: build an env class inside the turn protocol and reward wrappers.
+
+Kept apart from :mod:`ragen_envs.protocol` so that the protocol and the reward wrappers (which wrap a protocol) do not
+import each other.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import gymnasium as gym
+
+from ragen_envs.core import BaseTextEnv, check_arg
+from ragen_envs.protocol import TurnProtocol
+from ragen_envs.settings import ProtocolSettings, merge_settings, split_protocol_kwargs
+
+
+def load_object(path: str) -> Any:
+    """Import ``"package.module:Name"`` and return ``Name``."""
+    module_name, _, attr = path.partition(":")
+    check_arg(bool(module_name and attr), "env_cls", path, "'package.module:ClassName'")
+    return getattr(importlib.import_module(module_name), attr)
+
+
+def make_text_env(
+    env_cls: str | type[BaseTextEnv],
+    *,
+    reference_protocol: ProtocolSettings | dict[str, Any] | None = None,
+    protocol: ProtocolSettings | dict[str, Any] | None = None,
+    reward_wrappers: list[str | dict[str, Any]] | tuple[str | dict[str, Any], ...] = (),
+    **kwargs: Any,
+) -> gym.Env:
+    """Build the LLM-facing env: ``env_cls(**env_kwargs)`` inside :class:`TurnProtocol`, then any reward wrappers.
+
+    This is the entry point of every ``ragen/<Name>-v0`` id: ``gymnasium.make`` passes the id's registered
+    ``reference_protocol`` and the caller's kwargs here. The caller sets protocol fields either as keywords
+    (``actions_per_turn=2``) or in ``protocol`` (a dict of fields, or a whole :class:`ProtocolSettings` that replaces
+    the reference's); a field given both ways with different values is an error naming both. ``reward_wrappers``
+    names wrappers of :mod:`ragen_envs.rewards` (a name, or ``{"name": ..., **kwargs}``); everything else goes to the
+    env class.
+    """
+    cls = load_object(env_cls) if isinstance(env_cls, str) else env_cls
+    if isinstance(reference_protocol, dict):
+        reference_protocol = ProtocolSettings.from_dict(reference_protocol, where="reference_protocol")
+    base_settings = reference_protocol or ProtocolSettings()
+    keyword_fields = split_protocol_kwargs(kwargs)
+    if isinstance(protocol, ProtocolSettings):
+        protocol = protocol.to_dict()  # every field of it is given; a differing keyword is then a conflict
+    check_arg(protocol is None or isinstance(protocol, dict), "protocol", protocol, "a dict or a ProtocolSettings")
+    settings = merge_settings(base_settings, [("the protocol argument", protocol), ("gymnasium.make keywords", keyword_fields)])
+    env: gym.Env = TurnProtocol(cls(**kwargs), settings)
+    if reward_wrappers:
+        from ragen_envs.rewards import wrap_rewards  # only loaded when asked for: ``import ragen_envs`` stays light
+
+        env = wrap_rewards(env, reward_wrappers)
+    return env

@@ -1,0 +1,799 @@
+"""The RAGEN reference's Sokoban levels: gym-sokoban's ``generate_room`` as RAGEN modified it, reproduced fast.
+
+What it reproduces: ``generate_room`` of RAGEN's ``ragen/env/sokoban/utils.py`` (RAGEN-AI/RAGEN, "adapted from the
+gym_sokoban repo"), as its ``SokobanEnv.reset`` calls it (``ragen/env/sokoban/env.py``: ``dim``, ``num_steps`` =
+gym-sokoban's ``num_gen_steps = int(1.7 * (rows + cols))``, ``num_boxes``, ``search_depth`` from
+``SokobanEnvConfig``), step by step:
+
+1. **Room topology** (``room_topology_generation``): a random walk of ``num_steps`` steps from a random cell (rows and
+   columns ``1..dim-1``), turning to a random direction with probability ``p_change_directions`` (0.35), moving one
+   cell (clamped to the interior) and carving one of five 3x3 floor masks at each step; the border becomes wall.
+2. **Player and targets** (``place_boxes_and_player``): the player on a random floor cell, then each box target on a
+   random remaining floor cell; a room with ``<= num_boxes + 1`` floor cells is rejected (the reference raises
+   ``RuntimeError`` and its env resets with another seed).
+3. **Reverse play** (``reverse_playing`` / ``depth_first_search`` / ``reverse_move``): every box starts on its target;
+   a recursive depth-first search with one explored-state set tries the four *pull* actions in the order up, down,
+   left, right (actions 0-3: the player steps if the cell is free, and a box right behind it follows). ``ttl`` starts
+   at ``search_depth`` and is decremented on entry; a call returns when ``ttl <= 0`` or 300 000 states are explored;
+   a state already explored (first visit wins, whatever path reached it) is not searched again. A state is the room
+   array: the player cell, the box cells and, per box, whether it has ever been pulled (the reference writes a pulled
+   box as code 3 and an unpulled one as 4, so these differ). Each new state scores ``box_swaps * displacement``
+   (``box_swaps``: how many times the pulled box changed along the path, ``displacement``: total Manhattan distance of
+   the boxes from their own targets), or 0 unless every target is uncovered (no box and no player on one). The first
+   state with the highest score is kept (``score > best``).
+4. **Tries** (``generate_room``): a room whose best score is 0 is redrawn (the reference tries 4 rooms, then raises
+   ``RuntimeWarning`` and its env resets with another seed: the same as drawing rooms until one scores > 0).
+5. **Player walk** (``add_random_player_movement``): with probability 0.8 when the kept state's displacement is 1,
+   else 0.5, the player walks 1-3 steps, each to a random free neighbour (floor or target, no box) it has not stood on,
+   continuing with probability 0.5 after each step.
+
+The search above is reproduced exactly (visit order, explored set, ttl rule, state cap, scoring, tie rule; checked
+room by room against the reference's own code and, in the tests, against a recursive oracle) by an iterative
+depth-first search with an explicit stack, in one flat kernel written in the subset of Python that numba compiles:
+with numba installed (the ``fast`` extra) it is compiled once and cached; without it the same function runs as plain
+Python on lists and makes identical levels. The explored-state set is an open-addressing hash table.
+
+What differs from the reference:
+
+* **Random numbers**: all randomness comes from one xoshiro128** stream per level, seeded by hashing the seed and run
+  inside the kernel (no per-level ``numpy.random.default_rng``, which alone costs more than the whole search), not
+  from Python's ``random`` / ``numpy.random`` global state as in the reference. So a seed gives a different level than
+  in the reference, but the same level on every machine and backend, and the *distribution* is the reference's. Each
+  random choice draws one uniform (the walk draws a turn direction even when it does not turn).
+* **Failures**: rooms are redrawn from the same seed's stream (up to ``tries``, then :class:`GenerationError`) instead
+  of recursing into ``reset`` with ``hash(str(seed))``.
+* **Unknown optimum**: like the reference, the generator does not know the fewest pushes or moves of a level
+  (``Level.pushes`` is ``None``); :mod:`ragen_envs.sokoban.solver` computes them.
+* **search_depth below num_boxes + 2** is rejected: no box set can then be pulled off every target (the reference
+  crashes at 1, with ``best_room`` still ``None``, and resets forever at 2).
+
+Quirks of the reference, kept as they are because the levels depend on them:
+
+* only pulls are searched (RAGEN skips gym-sokoban's plain moves, actions 4-7): the player cannot step away from a
+  box right behind it without pulling it, so few states are reachable (about 50-150 in a 6x6 room) and the levels are
+  short (6x6 / 1 box: median 4 moves);
+* the explored set is global while ``ttl`` is per path: a state first reached late on a long path is never searched
+  again from a shorter one, so ``search_depth`` cuts off more than its depth suggests;
+* a box's ever-pulled flag is part of a state (codes 3 / 4), so the same cells count as two states;
+* gym-sokoban 0.0.6 passes the caller's ``last_pull`` down the recursion (so ``box_swaps`` counts every pull); RAGEN
+  passes the new one (``box_swaps`` counts changes of the pulled box): RAGEN's version is the one reproduced.
+
+Cell codes of ``Level.fixed``: 0 wall, 1 floor, 2 target. Cells are ``(row, col)``, row 0 at the top.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from math import comb
+from typing import Any
+
+import numpy as np
+
+from ragen_envs.core import check_arg
+from ragen_envs.sokoban.generator import (
+    _DIR_DC,
+    _DIR_DR,
+    _MASK_DC,
+    _MASK_DR,
+    _MASK_N,
+    GenerationError,
+    Level,
+    numba_available,
+    resolve_backend,
+)
+
+#: Bumped whenever the levels a seed makes change; pools are cached under this version.
+REFERENCE_GENERATOR_VERSION = 1
+
+#: The reference's cap on explored reverse-play states per room (``len(explored_states) >= 300000``).
+REFERENCE_MAX_EXPLORED = 300_000
+
+# Status codes of the kernel.
+_OK, _TOO_FEW_FLOORS, _NO_ROOT, _SCORE_ZERO = 0, 1, 2, 3
+
+# Offsets in the kernel's ``geo`` array: the five walk masks (row and column offsets, 4 slots each, and their sizes),
+# the walk directions (gym-sokoban's order: down, right, up, left) and the pull actions' cell steps (up, down, left,
+# right: the reference's actions 0-3; filled per room width).
+_G_MASK_DR, _G_MASK_DC, _G_MASK_N, _G_DIR_DR, _G_DIR_DC, _G_ACT = 0, 20, 40, 45, 49, 53
+
+# Indices of the kernel's ``out`` array.
+(_OUT_PLAYER, _OUT_STATES, _OUT_SCORE, _OUT_DISP, _OUT_SWAPS, _OUT_WALK, _OUT_START, _OUT_PULLED, _OUT_ROOMS) = range(9)
+
+
+# --------------------------------------------------------------------------------------------- the kernel
+def _reference_kernel(
+    rows,
+    cols,
+    num_boxes,
+    num_steps,
+    p_change,
+    search_depth,
+    max_explored,
+    tries,
+    seed_lo,
+    seed_hi,
+    geo,
+    zob,
+    fixed,
+    cells,
+    targets,
+    fr_player,
+    fr_loc,
+    fr_flag,
+    fr_swaps,
+    fr_last,
+    fr_ttl,
+    fr_act,
+    ex_player,
+    ex_key,
+    ex_slot,
+    table,
+    key_buf,
+    best_loc,
+    small,
+    u,
+    out,
+):
+    """Draw rooms until one makes a level (at most ``tries``): carve it, place player and targets, run the
+    reference's reverse-play DFS, walk the player.
+
+    ``seed_lo`` / ``seed_hi`` (the seed's 32-bit halves) seed the random stream, xoshiro128**; each room first fills
+    ``u`` with its uniforms (see :func:`_uniform_count`). ``geo`` holds the walk masks and moves (``_G_*`` offsets),
+    ``zob`` the hash keys of player cells (``[0, ncells)``) and of (box cell, ever pulled) pairs (``ncells + key``). Writes the room into ``fixed`` (flat, ``rows * cols``; 0 wall, 1 floor,
+    2 target), the kept box cells into ``best_loc`` and ``out`` (see ``_OUT_*``); returns ``_OK`` or the last room's
+    failure code. Runs unchanged as plain Python on lists or compiled by numba on int64 arrays.
+    """
+    nb = num_boxes
+    ncells = rows * cols
+    nu = len(u)
+    tmask = len(table) - 1
+    # ---- the random stream: four 32-bit xoshiro128** words hashed from the seed (lowbias32, Wellons); values
+    # stay below 2**32 and products below 2**49, so int64 arithmetic matches Python's exactly
+    s0 = 0
+    s1 = 0
+    s2 = 0
+    s3 = 0
+    for w in range(4):
+        x = (seed_lo ^ (0x9E3779B9 * (w + 1))) & 0xFFFFFFFF
+        for rep in range(2):
+            x ^= x >> 16
+            x = (x * 0x352D + (((x * 0x7FEB) & 0xFFFF) << 16)) & 0xFFFFFFFF  # x * 0x7FEB352D mod 2**32
+            x ^= x >> 15
+            x = (x * 0xA68B + (((x * 0x846C) & 0xFFFF) << 16)) & 0xFFFFFFFF  # x * 0x846CA68B mod 2**32
+            x ^= x >> 16
+            if rep == 0:
+                x ^= seed_hi
+        if w == 0:
+            s0 = x
+        elif w == 1:
+            s1 = x
+        elif w == 2:
+            s2 = x
+        else:
+            s3 = x
+    if s0 == 0 and s1 == 0 and s2 == 0 and s3 == 0:
+        s0 = 1  # the all-zero state is xoshiro's one fixed point
+    status = 0
+    for attempt in range(tries):
+        out[_OUT_ROOMS] = attempt + 1
+        # ---- 0. this room's uniforms: xoshiro128** (32-bit words kept in int64, products stay below 2**40) ----------
+        for i in range(nu):
+            x = (s1 * 5) & 0xFFFFFFFF
+            x = ((x << 7) | (x >> 25)) & 0xFFFFFFFF
+            u[i] = ((x * 9) & 0xFFFFFFFF) * 2.3283064365386963e-10  # / 2**32: exact, so identical on both backends
+            t = (s1 << 9) & 0xFFFFFFFF
+            s2 ^= s0
+            s3 ^= s1
+            s1 ^= s2
+            s0 ^= s3
+            s2 ^= t
+            s3 = ((s3 << 11) | (s3 >> 21)) & 0xFFFFFFFF
+        for i in range(ncells):
+            fixed[i] = 0
+        # ---- 1. random-walk topology (room_topology_generation) -------------------------------------------------
+        k = 0
+        r = 1 + int(u[k] * (rows - 1))  # random.randint(1, dim_x - 1): the border row itself is possible
+        k += 1
+        c = 1 + int(u[k] * (cols - 1))
+        k += 1
+        d = int(u[k] * 4)
+        k += 1
+        for _ in range(num_steps):
+            if u[k] < p_change:
+                d = int(u[k + 1] * 4)
+            m = int(u[k + 2] * 5)
+            k += 3
+            r = max(min(r + geo[_G_DIR_DR + d], rows - 2), 1)
+            c = max(min(c + geo[_G_DIR_DC + d], cols - 2), 1)
+            for j in range(geo[_G_MASK_N + m]):
+                fixed[(r + geo[_G_MASK_DR + m * 4 + j]) * cols + c + geo[_G_MASK_DC + m * 4 + j]] = 1
+        nfloor = 0
+        for rr in range(rows):
+            for cc in range(cols):
+                i = rr * cols + cc
+                if rr == 0 or cc == 0 or rr == rows - 1 or cc == cols - 1:
+                    fixed[i] = 0
+                elif fixed[i] == 1:
+                    cells[nfloor] = i
+                    nfloor += 1
+        if nfloor <= nb + 1:
+            status = 1  # _TOO_FEW_FLOORS (place_boxes_and_player's RuntimeError)
+            continue
+        # ---- 2. player, then the targets, on distinct random floor cells (partial Fisher-Yates) -------------------
+        for j in range(nb + 1):
+            pick = j + int(u[k] * (nfloor - j))
+            k += 1
+            tmp = cells[j]
+            cells[j] = cells[pick]
+            cells[pick] = tmp
+        player = cells[0]
+        for j in range(nb):
+            targets[j] = cells[1 + j]
+        # box identities in row-major order of their targets, as the reference's box_mapping keys (np.where order)
+        for a in range(1, nb):
+            x = targets[a]
+            b = a - 1
+            while b >= 0 and targets[b] > x:
+                targets[b + 1] = targets[b]
+                b -= 1
+            targets[b + 1] = x
+        for j in range(nb):
+            fixed[targets[j]] = 2
+        out[_OUT_START] = player
+        # ---- 3. reverse play: the reference's recursive DFS, as a loop over an explicit stack --------------------
+        # Frame f holds one call's state: player cell, per box (identity j = its target) the cell and whether it was
+        # ever pulled, box_swaps, last_pull (-1: none), ttl after the call's own decrement, and the next action to
+        # try. The candidate frame (a call being entered) is written at top + 1 and pushed when its state is new.
+        n = 0
+        best_score = -1
+        best_player = -1
+        best_disp = 0
+        best_swaps = 0
+        fr_player[0] = player
+        for j in range(nb):
+            fr_loc[j] = targets[j]
+            fr_flag[j] = 0
+        fr_swaps[0] = 0
+        fr_last[0] = -1
+        fr_ttl[0] = search_depth - 1
+        top = -1
+        cand = 0
+        while True:
+            if cand >= 0:
+                # entry of depth_first_search: ttl -= 1 (done by the caller); return if ttl <= 0 or at the cap
+                if n >= max_explored:
+                    break  # every later call returns at once: nothing can change any more
+                if fr_ttl[cand] > 0:
+                    cb = cand * nb
+                    q = fr_player[cand]
+                    # the state's key: player cell and the sorted (cell, ever pulled) pairs of the boxes
+                    for j in range(nb):
+                        x = fr_loc[cb + j] * 2 + fr_flag[cb + j]
+                        b = j - 1
+                        while b >= 0 and key_buf[b] > x:
+                            key_buf[b + 1] = key_buf[b]
+                            b -= 1
+                        key_buf[b + 1] = x
+                    h = zob[q]
+                    for j in range(nb):
+                        h ^= zob[ncells + key_buf[j]]
+                    slot = h & tmask
+                    found = False
+                    while table[slot] != 0:
+                        other = table[slot] - 1
+                        if ex_player[other] == q:
+                            same = True
+                            ob = other * nb
+                            for j in range(nb):
+                                if ex_key[ob + j] != key_buf[j]:
+                                    same = False
+                                    break
+                            if same:
+                                found = True
+                                break
+                        slot = (slot + 1) & tmask
+                    if not found:
+                        # score: box_swaps * displacement, 0 unless every target is uncovered (no box, no player)
+                        covered = 0
+                        if fixed[q] == 2:
+                            covered += 1
+                        disp = 0
+                        for j in range(nb):
+                            x = fr_loc[cb + j]
+                            if fixed[x] == 2:
+                                covered += 1
+                            t = targets[j]
+                            xr = x // cols
+                            tr = t // cols
+                            disp += abs(xr - tr) + abs((x - xr * cols) - (t - tr * cols))
+                        score = 0
+                        if covered == 0:
+                            score = fr_swaps[cand] * disp
+                        if score > best_score:
+                            best_score = score
+                            best_player = q
+                            best_disp = disp
+                            best_swaps = fr_swaps[cand]
+                            for j in range(nb):
+                                best_loc[j] = fr_loc[cb + j]
+                        table[slot] = n + 1
+                        ex_slot[n] = slot
+                        ex_player[n] = q
+                        for j in range(nb):
+                            ex_key[n * nb + j] = key_buf[j]
+                        n += 1
+                        fr_act[cand] = 0
+                        top = cand
+                cand = -1
+            if top < 0:
+                break
+            # children of a frame with ttl <= 1 enter with ttl <= 0 and return at once
+            if fr_act[top] >= 4 or fr_ttl[top] <= 1:
+                top -= 1
+                continue
+            a = fr_act[top]
+            fr_act[top] = a + 1
+            # reverse_move with pull action a: the player steps to a free cell (floor or target: no wall, no box)
+            p = fr_player[top]
+            st = geo[_G_ACT + a]
+            q = p + st
+            if fixed[q] == 0:
+                continue  # no move: the same state, already explored
+            base = top * nb
+            blocked = False
+            for j in range(nb):
+                if fr_loc[base + j] == q:
+                    blocked = True
+                    break
+            if blocked:
+                continue
+            c1 = top + 1
+            cb = c1 * nb
+            behind = p - st
+            pulled = -1
+            for j in range(nb):
+                x = fr_loc[base + j]
+                fr_loc[cb + j] = x
+                fr_flag[cb + j] = fr_flag[base + j]
+                if x == behind:
+                    pulled = j
+            sw = fr_swaps[top]
+            last = fr_last[top]
+            if pulled >= 0:
+                # the box behind the player follows it onto the cell it left
+                fr_loc[cb + pulled] = p
+                fr_flag[cb + pulled] = 1
+                if pulled != last:
+                    sw += 1
+                last = pulled
+            fr_player[c1] = q
+            fr_swaps[c1] = sw
+            fr_last[c1] = last
+            fr_ttl[c1] = fr_ttl[top] - 1
+            cand = c1
+        # leave the hash table empty for the next room (clearing only the used slots)
+        for i in range(n):
+            table[ex_slot[i]] = 0
+        out[_OUT_STATES] = n
+        out[_OUT_SCORE] = best_score
+        out[_OUT_DISP] = best_disp
+        out[_OUT_SWAPS] = best_swaps
+        out[_OUT_PULLED] = best_player
+        if best_score < 0:
+            status = 2  # _NO_ROOT: search_depth < 2 (the reference crashes)
+            continue
+        if best_score == 0:
+            status = 3  # _SCORE_ZERO (generate_room's RuntimeWarning after its tries)
+            continue
+        # ---- 4. add_random_player_movement -----------------------------------------------------------------------
+        p = best_player
+        walked = 0
+        move_probability = 0.5
+        if best_disp == 1:
+            move_probability = 0.8
+        if not (u[k] > move_probability):
+            small[0] = p  # cells stood on: small[0..walked]; free neighbours: small[4..]
+            while walked < 3:
+                nvalid = 0
+                for a in range(4):
+                    q = p + geo[_G_ACT + a]
+                    ok = fixed[q] != 0
+                    if ok:
+                        for j in range(nb):
+                            if best_loc[j] == q:
+                                ok = False
+                                break
+                    if ok:
+                        for j in range(walked + 1):
+                            if small[j] == q:
+                                ok = False
+                                break
+                    if ok:
+                        small[4 + nvalid] = q
+                        nvalid += 1
+                if nvalid == 0:
+                    break
+                p = small[4 + int(u[k + 1 + 2 * walked] * nvalid)]
+                walked += 1
+                small[walked] = p
+                if walked >= 3 or u[k + 2 * walked] > 0.5:
+                    break
+        out[_OUT_PLAYER] = p
+        out[_OUT_WALK] = walked
+        return 0
+    return status
+
+
+def _uniform_count(num_steps: int, num_boxes: int) -> int:
+    """How many uniforms one room reads: walk start and direction (3), 3 per walk step, player and targets
+    (``num_boxes + 1``), the walk decision and up to 3 (choice, continue) pairs (7)."""
+    return 3 + 3 * num_steps + num_boxes + 1 + 7
+
+
+# --------------------------------------------------------------------------------------------- backends
+_NUMBA_KERNEL: Any = None
+
+
+def _numba_kernel() -> Any:
+    global _NUMBA_KERNEL
+    if _NUMBA_KERNEL is None:
+        import numba
+
+        # cache=True stores the machine code next to this file (or in numba's user cache): only the first process on
+        # a machine pays the compile time (~2 s).
+        _NUMBA_KERNEL = numba.njit(cache=True, nogil=True)(_reference_kernel)
+    return _NUMBA_KERNEL
+
+
+# --------------------------------------------------------------------------------------------- public API
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class ReferenceConfig:
+    """What kind of levels to make, with the reference's defaults (RAGEN ``SokobanEnvConfig``: 6x6, search depth 300;
+    one box as its ``config/envs.yaml`` SimpleSokoban).
+
+    Args:
+        dim_room: ``(rows, cols)`` of the room, border walls included (4..64 each).
+        num_boxes: boxes (and targets) per level, at least 1.
+        search_depth: the reverse-play DFS ``ttl`` (the reference's ``search_depth``: 300 by default, 10 for
+            LargerSokoban, 30 for SokobanDifferentGridVocab). The search reaches states up to ``search_depth - 2``
+            moves from the solved position, so at least ``num_boxes + 2`` is needed for every box to be pulled.
+        p_change_directions: probability that the random walk turns at each step (0.35).
+        num_steps: random-walk steps; ``None`` uses gym-sokoban's ``int(1.7 * (rows + cols))``.
+        max_explored: the cap on explored states per room (the reference's 300 000).
+        tries: rooms drawn per level before :class:`GenerationError` (the reference retries without end).
+    """
+
+    dim_room: tuple[int, int] = (6, 6)
+    num_boxes: int = 1
+    search_depth: int = 300
+    p_change_directions: float = 0.35
+    num_steps: int | None = None
+    max_explored: int = REFERENCE_MAX_EXPLORED
+    tries: int = 1000
+
+    def __post_init__(self) -> None:
+        dim = self.dim_room
+        check_arg(
+            isinstance(dim, (tuple, list)) and len(dim) == 2 and all(_is_int(v) for v in dim) and 4 <= min(dim)
+            and max(dim) <= 64,
+            "dim_room",
+            dim,
+            "(rows, cols), two ints in 4..64 (the border rows and columns are walls)",
+        )  # fmt: skip
+        object.__setattr__(self, "dim_room", (int(dim[0]), int(dim[1])))
+        interior = (dim[0] - 2) * (dim[1] - 2)
+        check_arg(
+            _is_int(self.num_boxes) and 1 <= self.num_boxes <= interior - 2,
+            "num_boxes",
+            self.num_boxes,
+            f"an int in 1..{interior - 2} for dim_room={tuple(dim)} (room for the boxes and the player)",
+        )
+        object.__setattr__(self, "num_boxes", int(self.num_boxes))
+        check_arg(
+            _is_int(self.search_depth) and self.num_boxes + 2 <= self.search_depth <= 100_000,
+            "search_depth",
+            self.search_depth,
+            f"an int in {self.num_boxes + 2}..100000 for num_boxes={self.num_boxes} (the search reaches "
+            "search_depth - 2 moves, and every box must be pulled at least once)",
+        )
+        object.__setattr__(self, "search_depth", int(self.search_depth))
+        check_arg(
+            isinstance(self.p_change_directions, (int, float))
+            and not isinstance(self.p_change_directions, bool)
+            and 0.0 <= self.p_change_directions <= 1.0,
+            "p_change_directions",
+            self.p_change_directions,
+            "a probability in [0, 1]",
+        )
+        check_arg(
+            self.num_steps is None or (_is_int(self.num_steps) and 1 <= self.num_steps <= 100_000),
+            "num_steps",
+            self.num_steps,
+            "None or an int in 1..100000",
+        )
+        check_arg(
+            _is_int(self.max_explored) and 1 <= self.max_explored <= 50_000_000,
+            "max_explored",
+            self.max_explored,
+            "an int in 1..50000000",
+        )
+        check_arg(_is_int(self.tries) and self.tries >= 1, "tries", self.tries, "an int >= 1")
+
+    @property
+    def walk_steps(self) -> int:
+        return self.num_steps if self.num_steps is not None else int(1.7 * (self.dim_room[0] + self.dim_room[1]))
+
+    def key(self) -> str:
+        """A file-name-safe key of every field that changes the levels (with the generator version)."""
+        rows, cols = self.dim_room
+        return (
+            f"ref{REFERENCE_GENERATOR_VERSION}_{rows}x{cols}_b{self.num_boxes}_p{self.p_change_directions:g}"
+            f"_w{self.walk_steps}_sd{self.search_depth}_x{self.max_explored}"
+        )
+
+
+class ReferenceGenerator:
+    """Make reference levels for one :class:`ReferenceConfig`; ``generate(seed)`` is deterministic.
+
+    >>> gen = ReferenceGenerator(ReferenceConfig((8, 8), 2, search_depth=10))
+    >>> print(gen.generate(0).to_text())    # doctest: +SKIP
+
+    Args:
+        config: the level family (default 6x6, one box, search depth 300).
+        backend: ``"auto"`` (numba when installed), ``"numba"`` or ``"python"``; both make identical levels.
+    """
+
+    def __init__(self, config: ReferenceConfig | None = None, *, backend: str = "auto") -> None:
+        self.config = config or ReferenceConfig()
+        self.backend = resolve_backend(backend)
+        rows, cols = self.config.dim_room
+        nb = self.config.num_boxes
+        ncells = rows * cols
+        interior = (rows - 2) * (cols - 2)
+        # States: player cell x box cells x (ever pulled) per box; the search never holds more than that.
+        bound = interior * comb(interior - 1, nb) * 2**nb
+        cap = int(min(self.config.max_explored, bound))
+        tsize = 1
+        while tsize < 2 * cap:
+            tsize *= 2
+        frames = int(min(self.config.search_depth, cap + 1)) + 1
+        zrng = np.random.default_rng(0x5EED_2E7)  # fixed: the hash only places states in the table
+        zob = zrng.integers(0, 2**62, size=3 * ncells, dtype=np.int64)
+        geo = np.concatenate([_MASK_DR, _MASK_DC, _MASK_N, _DIR_DR, _DIR_DC, np.array([-cols, cols, -1, 1])])
+        consts = (geo.astype(np.int64), zob)
+        bufs = (
+            np.zeros(ncells, dtype=np.int64),  # fixed
+            np.zeros(ncells, dtype=np.int64),  # cells
+            np.zeros(nb, dtype=np.int64),  # targets
+            np.zeros(frames, dtype=np.int64),  # fr_player
+            np.zeros(frames * nb, dtype=np.int64),  # fr_loc
+            np.zeros(frames * nb, dtype=np.int64),  # fr_flag
+            np.zeros(frames, dtype=np.int64),  # fr_swaps
+            np.zeros(frames, dtype=np.int64),  # fr_last
+            np.zeros(frames, dtype=np.int64),  # fr_ttl
+            np.zeros(frames, dtype=np.int64),  # fr_act
+            np.zeros(cap, dtype=np.int32),  # ex_player
+            np.zeros(cap * nb, dtype=np.int32),  # ex_key
+            np.zeros(cap, dtype=np.int32),  # ex_slot
+            np.zeros(tsize, dtype=np.int32),  # table
+            np.zeros(nb, dtype=np.int64),  # key_buf
+            np.zeros(nb, dtype=np.int64),  # best_loc
+            np.zeros(8, dtype=np.int64),  # small
+            np.zeros(_uniform_count(self.config.walk_steps, nb), dtype=np.float64),  # u
+            np.zeros(16, dtype=np.int64),  # out
+        )
+        self._lock = threading.Lock()  # the search buffers are reused: one generation at a time per generator
+        if self.backend == "numba":
+            self._kernel = _numba_kernel()
+            self._consts = consts
+            self._bufs = bufs
+        else:
+            # Plain Python indexes lists several times faster than numpy arrays.
+            self._kernel = _reference_kernel
+            self._consts = tuple(a.tolist() for a in consts)
+            self._bufs = tuple(a.tolist() for a in bufs)
+
+    def generate(self, seed: int) -> Level:
+        """The level of ``seed`` (any int >= 0; the same seed gives the same level on every machine and backend).
+
+        ``Level.pushes`` / ``Level.moves`` are ``None`` (the reference's search does not know the optimum);
+        ``Level.meta`` holds the search's ``states`` (explored), ``score``, ``displacement``, ``box_swaps``,
+        ``walk`` (player steps after reverse play) and ``rooms`` (rooms drawn).
+        """
+        check_arg(_is_int(seed) and 0 <= seed < 2**64, "seed", seed, "an int in 0..2**64-1")
+        with self._lock:
+            return self._generate_locked(int(seed))
+
+    def _generate_locked(self, seed: int) -> Level:
+        cfg = self.config
+        rows, cols = cfg.dim_room
+        bufs = self._bufs
+        status = self._kernel(
+            rows,
+            cols,
+            cfg.num_boxes,
+            cfg.walk_steps,
+            float(cfg.p_change_directions),
+            cfg.search_depth,
+            cfg.max_explored,
+            cfg.tries,
+            seed & 0xFFFFFFFF,
+            seed >> 32,
+            *self._consts,
+            *bufs,
+        )
+        if status != _OK:
+            raise GenerationError(
+                f"no level with {cfg.num_boxes} box(es) in {cfg.tries} rooms of {rows}x{cols} with "
+                f"search_depth={cfg.search_depth} for seed {seed}; use a larger dim_room, fewer boxes or a larger "
+                "search_depth"
+            )
+        out = bufs[-1]
+        if self.backend == "numba":
+            grid = bufs[0].astype(np.int8).reshape(rows, cols)
+            out = out.tolist()
+            best = bufs[15].tolist()
+        else:
+            grid = np.array(bufs[0], dtype=np.int8).reshape(rows, cols)
+            best = bufs[15]
+        return Level(
+            fixed=grid,
+            boxes=tuple(sorted(divmod(b, cols) for b in best)),
+            player=divmod(out[_OUT_PLAYER], cols),
+            pushes=None,
+            seed=seed,
+            meta={
+                "states": out[_OUT_STATES],
+                "score": out[_OUT_SCORE],
+                "displacement": out[_OUT_DISP],
+                "box_swaps": out[_OUT_SWAPS],
+                "walk": out[_OUT_WALK],
+                "rooms": out[_OUT_ROOMS],
+            },
+        )
+
+
+_GENERATORS: dict[tuple[ReferenceConfig, str], ReferenceGenerator] = {}
+_GENERATORS_LOCK = threading.Lock()
+
+
+def shared_reference_generator(config: ReferenceConfig | None = None, *, backend: str = "auto") -> ReferenceGenerator:
+    """One :class:`ReferenceGenerator` per configuration and backend in this process, so that many envs share one set
+    of search buffers."""
+    config = config or ReferenceConfig()
+    key = (config, resolve_backend(backend))
+    with _GENERATORS_LOCK:
+        gen = _GENERATORS.get(key)
+        if gen is None:
+            gen = _GENERATORS[key] = ReferenceGenerator(config, backend=key[1])
+    return gen
+
+
+def generate_reference_level(seed: int, config: ReferenceConfig | None = None, *, backend: str = "auto") -> Level:
+    """The reference level of ``seed`` for ``config`` (default 6x6, one box, search depth 300)."""
+    return shared_reference_generator(config, backend=backend).generate(seed)
+
+
+# --------------------------------------------------------------------------------------------- pools
+def load_or_build_reference_pool(
+    config: ReferenceConfig,
+    size: int,
+    seed: int = 0,
+    *,
+    solve: bool = True,
+    workers: int | None = None,
+    progress: bool = True,
+    backend: str = "auto",
+    max_expansions: int = 200_000,
+) -> Any:
+    """A :class:`~ragen_envs.sokoban.pool.LevelPool` of reference levels, cached like the exact generator's pools
+    (under :meth:`ReferenceConfig.key`, which names the generator and its search depth).
+
+    Level ``i`` is ``generate(level_seed(seed, i))``; with ``solve`` each level's fewest moves is stored (from the
+    solver). ``pushes`` is ``-1`` (unknown) for every level: the reference's search does not know it.
+    """
+    from ragen_envs.sokoban.pool import LevelPool, _Progress
+
+    check_arg(_is_int(size) and size >= 1, "size", size, "an int >= 1")
+    check_arg(_is_int(seed) and 0 <= seed < 2**31, "seed", seed, "an int in 0..2**31-1")
+    check_arg(workers is None or (_is_int(workers) and workers >= 1), "workers", workers, "None or an int >= 1")
+    path = LevelPool.cache_path(config, size, seed, solve=solve)  # type: ignore[arg-type]
+    if path.exists():
+        try:
+            return LevelPool.load(path, config)  # type: ignore[arg-type]
+        except (ValueError, OSError, KeyError) as err:  # stale or damaged cache: rebuild it
+            print(f"rebuilding sokoban pool {path.name}: {err}", file=sys.stderr)
+    workers = workers or os.cpu_count() or 1
+    chunk = max(1, min(2000, size // (workers * 16) or 1))
+    tasks = [
+        (config, backend, seed, start, min(size, start + chunk), solve, max_expansions)
+        for start in range(0, size, chunk)
+    ]
+    rows, cols = config.dim_room
+    nb = config.num_boxes
+    fixed = np.zeros((size, rows, cols), dtype=np.int8)
+    boxes = np.zeros((size, nb, 2), dtype=np.int16)
+    player = np.zeros((size, 2), dtype=np.int16)
+    pushes = np.full(size, -1, dtype=np.int32)
+    moves = np.full(size, -1, dtype=np.int32)
+    bar = _Progress(size, f"sokoban pool {config.key()} x{size}", enabled=progress)
+    started = time.perf_counter()
+    pool = None
+    if workers == 1 or len(tasks) == 1:
+        results: Any = map(_build_reference_chunk, tasks)
+    else:
+        pool = multiprocessing.get_context().Pool(min(workers, len(tasks)))
+        results = pool.imap_unordered(_build_reference_chunk, tasks)
+    try:
+        for start, f, b, p, mo in results:
+            end = start + len(f)
+            fixed[start:end], boxes[start:end], player[start:end], moves[start:end] = f, b, p, mo
+            bar.update(len(f))
+    finally:
+        if pool is not None:
+            pool.close()
+            pool.join()
+    bar.close()
+    if progress:
+        solved = moves[moves >= 0]
+        print(
+            f"built {size} levels in {time.perf_counter() - started:.1f}s with {workers} worker(s)"
+            + (f"; solved {len(solved)}/{size}, moves mean {solved.mean():.1f}" if solve and len(solved) else ""),
+            file=sys.stderr,
+        )
+    result = LevelPool(
+        config=config,  # type: ignore[arg-type]
+        seed=seed,
+        fixed=fixed,
+        boxes=boxes,
+        player=player,
+        pushes=pushes,
+        moves=moves,
+    )
+    result.save(path)
+    return result
+
+
+def _build_reference_chunk(task: tuple[Any, ...]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    config, backend, seed, start, end, solve, max_expansions = task
+    from ragen_envs.sokoban.pool import level_seed
+    from ragen_envs.sokoban.solver import solve_level
+
+    gen = ReferenceGenerator(config, backend=backend)
+    n = end - start
+    rows, cols = config.dim_room
+    fixed = np.zeros((n, rows, cols), dtype=np.int8)
+    boxes = np.zeros((n, config.num_boxes, 2), dtype=np.int16)
+    player = np.zeros((n, 2), dtype=np.int16)
+    moves = np.full(n, -1, dtype=np.int32)
+    for k in range(n):
+        level = gen.generate(level_seed(seed, start + k))
+        fixed[k] = level.fixed
+        boxes[k] = level.boxes
+        player[k] = level.player
+        if solve:
+            solution = solve_level(level, max_expansions=max_expansions)
+            if solution is not None:
+                moves[k] = solution.moves
+    return start, fixed, boxes, player, moves
+
+
+__all__ = [
+    "REFERENCE_GENERATOR_VERSION",
+    "REFERENCE_MAX_EXPLORED",
+    "ReferenceConfig",
+    "ReferenceGenerator",
+    "generate_reference_level",
+    "load_or_build_reference_pool",
+    "numba_available",
+    "shared_reference_generator",
+]
