@@ -1,11 +1,12 @@
 """One config object for StarPO / StarPO-S training, its named presets, YAML files and command-line overrides.
 
 :class:`StarPOConfig` is a plain dataclass in TRL's style: every field carries ``metadata={"help": ...}`` and the
-reference code's default (``/work/shared/REFERENCE.md``: 8 initial states x 16 rollouts, 5 turns, keep ratio 0.25 by
-in-group reward std, clip 0.2 / 0.28, no KL, entropy 0.001, actor lr 1e-6, critic lr 1e-5, GAE 1.0 / 1.0, 200 steps,
+reference code's default (RAGEN ``config/base.yaml``: 8 initial states x 16 rollouts, keep ratio 0.25 by in-group
+reward std, clip 0.2 / 0.28, no KL, entropy 0.001, actor lr 1e-6, critic lr 1e-5, GAE 1.0 / 1.0, 200 steps,
 validation every 10 steps on 256 states at temperature 0.5, 400 tokens per reply, 3600 context). The bare defaults
 are therefore StarPO-S, the paper's method; :data:`PRESETS` names the other settings (vanilla StarPO, GRPO, PPO, and
-the paper's ablations).
+the paper's ablations). The turn protocol (turns, actions, thinking, generation prefix, ...) is not a trainer default:
+each env id declares the reference's (``ragen_envs.ProtocolSettings``), and ``protocol`` changes it.
 
 The module imports neither torch nor transformers, so a bad config fails in milliseconds, before any model loads:
 :meth:`StarPOConfig.validate` raises a ``ValueError`` that names the field, its value and what is allowed.

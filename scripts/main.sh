@@ -21,7 +21,7 @@ ragen-demo --quiet --episodes 3
 
 echo "== [2/4] StarPO-S on ragen/Bandit-v0 with the bundled SmolLM2-135M-Instruct ($STEPS steps, CPU)"
 ragen-trainer train --config starpo-s --env ragen/Bandit-v0 --model smollm2 \
-  --enable_think false --max_new_tokens 8 --max_turns 1 \
+  --enable_think false --max_new_tokens 8 \
   --env_groups 4 --group_size 8 --actor_lr 5e-5 --micro_batch_size 8 \
   --total_steps "$STEPS" --val_every 5 --val_groups 32 --save_steps "$STEPS" \
   --output_dir "$OUT/train"

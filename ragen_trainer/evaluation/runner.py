@@ -162,7 +162,7 @@ def run_env(
     initial: dict[int, str | None] = {}
     records: list[dict[str, Any]] = []
 
-    def on_step(episode: Episode, turn: Turn) -> None:
+    def on_step(episode: Episode, _turn: Turn) -> None:
         grid = episode.env is not None and is_grid_env(episode.env)
         states.setdefault(id(episode), []).append(episode.env.unwrapped.state_text() if grid else None)
 
