@@ -213,7 +213,13 @@ class SokobanEnv(BaseTextEnv):
             self.num_boxes = len(self._levels[0].boxes)
             self.search_depth = None
         else:
-            dim = tuple(dim_room) if isinstance(dim_room, (list, tuple)) else dim_room
+            # The configurations validate the room arguments, shared by both generators, with clear messages.
+            room: dict[str, Any] = {
+                "dim_room": tuple(dim_room) if isinstance(dim_room, (list, tuple)) else dim_room,
+                "num_boxes": num_boxes,
+                "p_change_directions": p_change_directions,
+                "num_steps": num_steps,
+            }
             if generator == "reference":
                 given = {"min_pushes": min_pushes, "max_pushes": max_pushes, "max_states": max_states}
                 for name in _EXACT_ONLY:
@@ -224,14 +230,7 @@ class SokobanEnv(BaseTextEnv):
                         "None with generator='reference' (it applies to generator='exact' only; the reference "
                         "generator's one search knob is search_depth)",
                     )
-                # ReferenceConfig validates dim_room, num_boxes and the search arguments with clear messages.
-                self.config = ReferenceConfig(
-                    dim_room=dim,  # type: ignore[arg-type]
-                    num_boxes=num_boxes,
-                    search_depth=search_depth,
-                    p_change_directions=p_change_directions,
-                    num_steps=num_steps,
-                )
+                self.config = ReferenceConfig(**room, search_depth=search_depth)
                 self.search_depth = self.config.search_depth
             else:
                 # search_depth is the reference generator's; the exact one ignores it (the registered ids set it,
@@ -244,10 +243,7 @@ class SokobanEnv(BaseTextEnv):
                     "max_pushes)",
                 )
                 self.config = GeneratorConfig(
-                    dim_room=dim,  # type: ignore[arg-type]
-                    num_boxes=num_boxes,
-                    p_change_directions=p_change_directions,
-                    num_steps=num_steps,
+                    **room,
                     max_states=20_000 if max_states is None else max_states,
                     max_depth=max_pushes,
                     min_depth=1 if min_pushes is None else min_pushes,
@@ -432,10 +428,7 @@ class SokobanEnv(BaseTextEnv):
             i = self._pool_current  # a pooled level is materialised only when asked for
             if i is None or self._pool is None:
                 raise RuntimeError("SokobanEnv.current_level() before reset(): there is no level yet")
-            level = self._pool.level(i)
-            if level.pushes is not None and level.pushes < 0:
-                level.pushes = None  # reference pools do not know the fewest pushes
-            self.level = level
+            self.level = self._pool.level(i)
         return self.level
 
     def snapshot(self) -> Level:
@@ -576,15 +569,9 @@ def _shared_pool(config: GeneratorConfig | ReferenceConfig, size: int, seed: int
     key = (config, size, seed)
     pool = _SHARED_POOLS.get(key)
     if pool is None:
-        if isinstance(config, ReferenceConfig):
-            from ragen_envs.sokoban.reference_generator import load_or_build_reference_pool
+        from ragen_envs.sokoban.pool import LevelPool
 
-            pool = load_or_build_reference_pool(config, size, seed, backend=backend)
-        else:
-            from ragen_envs.sokoban.pool import LevelPool
-
-            pool = LevelPool.load_or_build(config, size, seed, backend=backend)
-        _SHARED_POOLS[key] = pool
+        pool = _SHARED_POOLS[key] = LevelPool.load_or_build(config, size, seed, backend=backend)
     return pool
 
 

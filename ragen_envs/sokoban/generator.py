@@ -20,7 +20,7 @@ The levels are of gym-sokoban's family (the generator the RAGEN reference code u
 
 The search runs in one flat kernel written in the subset of Python that numba compiles. With numba installed (the
 ``fast`` extra) it is compiled once and cached; without it the *same* function runs as plain Python on lists and
-makes identical levels, only slower. All randomness is drawn outside the kernel from ``numpy.random.default_rng(seed)``,
+makes identical levels, only slower (see :mod:`ragen_envs.sokoban.base`). All randomness is drawn outside the kernel from ``numpy.random.default_rng(seed)``,
 so a seed gives the same level on every machine and backend.
 
 Cell codes of ``Level.fixed``: 0 wall, 1 floor, 2 target. Cells are ``(row, col)``, row 0 at the top.
@@ -28,8 +28,6 @@ Cell codes of ``Level.fixed``: 0 wall, 1 floor, 2 target. Cells are ``(row, col)
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass, field
 from math import comb
 from typing import Any
@@ -37,6 +35,13 @@ from typing import Any
 import numpy as np
 
 from ragen_envs.core import check_arg
+from ragen_envs.sokoban.base import (
+    KernelGenerator,
+    RoomConfig,
+    numba_available,  # noqa: F401 -- re-exported: tests and benchmarks import it from here
+    resolve_backend,  # noqa: F401 -- re-exported, as before the base module
+    table_size,
+)
 
 #: Bumped whenever the levels a seed makes change; pools are cached under this version.
 GENERATOR_VERSION = 1
@@ -439,49 +444,9 @@ def _uniform_count(num_steps: int, num_boxes: int) -> int:
     return 3 + 3 * num_steps + num_boxes + 2
 
 
-# --------------------------------------------------------------------------------------------- backends
-_NUMBA_KERNEL: Any = None
-
-
-def numba_available() -> bool:
-    """Whether numba can be imported (the optional ``fast`` extra)."""
-    try:
-        import numba  # noqa: F401
-    except Exception:  # noqa: BLE001 -- a broken numba install must not break level generation
-        return False
-    return True
-
-
-def _numba_kernel() -> Any:
-    global _NUMBA_KERNEL
-    if _NUMBA_KERNEL is None:
-        import numba
-
-        # cache=True stores the machine code next to this file (or in numba's user cache), so only the first
-        # process on a machine pays the compile time (~2 s).
-        _NUMBA_KERNEL = numba.njit(cache=True, nogil=True)(_generate_kernel)
-    return _NUMBA_KERNEL
-
-
-def resolve_backend(backend: str = "auto") -> str:
-    """``"numba"`` or ``"python"``: ``auto`` picks numba when installed, unless ``RAGEN_SOKOBAN_BACKEND=python``."""
-    check_arg(backend in ("auto", "numba", "python"), "backend", backend, "'auto', 'numba' or 'python'")
-    if backend == "auto":
-        backend = os.environ.get("RAGEN_SOKOBAN_BACKEND", "auto").strip().lower() or "auto"
-        if backend not in ("auto", "numba", "python"):
-            raise ValueError(
-                f"invalid environment variable RAGEN_SOKOBAN_BACKEND={backend!r}: expected 'auto', 'numba' or 'python'"
-            )
-        if backend == "auto":
-            return "numba" if numba_available() else "python"
-    if backend == "numba" and not numba_available():
-        raise ValueError("invalid argument backend='numba': numba is not installed (pip install 'ragen[fast]')")
-    return backend
-
-
 # --------------------------------------------------------------------------------------------- public API
 @dataclass(frozen=True)
-class GeneratorConfig:
+class GeneratorConfig(RoomConfig):
     """What kind of levels to make.
 
     Args:
@@ -507,39 +472,7 @@ class GeneratorConfig:
     tries: int = 100
 
     def __post_init__(self) -> None:
-        dim = self.dim_room
-        check_arg(
-            isinstance(dim, (tuple, list))
-            and len(dim) == 2
-            and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in dim)
-            and min(dim) >= 4
-            and max(dim) <= 64,
-            "dim_room",
-            dim,
-            "(rows, cols), two ints in 4..64 (the border rows and columns are walls)",
-        )
-        object.__setattr__(self, "dim_room", (int(dim[0]), int(dim[1])))
-        interior = (dim[0] - 2) * (dim[1] - 2)
-        check_arg(
-            isinstance(self.num_boxes, (int, np.integer))
-            and not isinstance(self.num_boxes, bool)
-            and 1 <= self.num_boxes <= interior - 2,
-            "num_boxes",
-            self.num_boxes,
-            f"an int in 1..{interior - 2} for dim_room={dim} (room for the boxes and the player)",
-        )
-        check_arg(
-            isinstance(self.p_change_directions, (int, float)) and 0.0 <= self.p_change_directions <= 1.0,
-            "p_change_directions",
-            self.p_change_directions,
-            "a probability in [0, 1]",
-        )
-        check_arg(
-            self.num_steps is None or (isinstance(self.num_steps, int) and 1 <= self.num_steps <= 100_000),
-            "num_steps",
-            self.num_steps,
-            "None or an int in 1..100000",
-        )
+        self._check_room()
         check_arg(
             isinstance(self.max_states, int) and 1 <= self.max_states <= 50_000_000,
             "max_states",
@@ -560,17 +493,9 @@ class GeneratorConfig:
         )
         check_arg(isinstance(self.tries, int) and self.tries >= 1, "tries", self.tries, "an int >= 1")
 
-    @property
-    def walk_steps(self) -> int:
-        return self.num_steps if self.num_steps is not None else int(1.7 * (self.dim_room[0] + self.dim_room[1]))
-
     def key(self) -> str:
         """A file-name-safe key of every field that changes the levels (with the generator version)."""
-        rows, cols = self.dim_room
-        return (
-            f"v{GENERATOR_VERSION}_{rows}x{cols}_b{self.num_boxes}_p{self.p_change_directions:g}_w{self.walk_steps}"
-            f"_s{self.max_states}_d{self.min_depth}-{self.max_depth or 0}"
-        )
+        return f"v{GENERATOR_VERSION}_{self._room_key()}_s{self.max_states}_d{self.min_depth}-{self.max_depth or 0}"
 
 
 class GenerationError(RuntimeError):
@@ -578,8 +503,9 @@ class GenerationError(RuntimeError):
     unreachable)."""
 
 
-class SokobanGenerator:
-    """Make levels for one :class:`GeneratorConfig`; ``generate(seed)`` is deterministic.
+class SokobanGenerator(KernelGenerator):
+    """Make levels for one :class:`GeneratorConfig`; ``generate(seed)`` is deterministic (any int >= 0; the same
+    seed gives the same level on every machine and backend).
 
     >>> gen = SokobanGenerator(GeneratorConfig((8, 8), 2))
     >>> level = gen.generate(0)   # doctest: +SKIP
@@ -590,9 +516,12 @@ class SokobanGenerator:
         backend: ``"auto"`` (numba when installed), ``"numba"`` or ``"python"``; both make identical levels.
     """
 
-    def __init__(self, config: GeneratorConfig | None = None, *, backend: str = "auto") -> None:
-        self.config = config or GeneratorConfig()
-        self.backend = resolve_backend(backend)
+    kernel = staticmethod(_generate_kernel)
+    config_type = GeneratorConfig
+    version = GENERATOR_VERSION
+    config: GeneratorConfig
+
+    def _build_arrays(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         rows, cols = self.config.dim_room
         nb = self.config.num_boxes
         ncells = rows * cols
@@ -601,10 +530,7 @@ class SokobanGenerator:
         bound = comb(interior, nb) * max(1, interior - nb)
         cap = int(min(self.config.max_states, bound))
         self._cap = cap
-        tsize = 1
-        while tsize < 2 * cap:
-            tsize *= 2
-        self._tsize = tsize
+        self._tsize = table_size(cap)
         self._nu = _uniform_count(self.config.walk_steps, nb)
         zrng = np.random.default_rng(0x5EED_50C0)  # fixed: the hash only orders ties, it must not vary by run
         zob = zrng.integers(0, 2**62, size=2 * ncells, dtype=np.int64)
@@ -616,81 +542,40 @@ class SokobanGenerator:
             np.zeros(cap, dtype=np.int32),  # st_player
             np.zeros(cap, dtype=np.int32),  # st_depth
             np.zeros(cap, dtype=np.int64),  # st_parent (parent * 4 * num_boxes + pull)
-            np.zeros(tsize, dtype=np.int32),  # table
+            np.zeros(self._tsize, dtype=np.int32),  # table
             np.zeros(ncells, dtype=np.int64),  # vis
             np.zeros(ncells, dtype=np.int64),  # vis2
             np.zeros(ncells, dtype=np.int64),  # occ
             np.zeros(ncells + 4, dtype=np.int64),  # stack
             np.zeros(4, dtype=np.int64),  # out
         )
-        self._lock = threading.Lock()  # the search buffers are reused: one generation at a time per generator
-        if self.backend == "numba":
-            self._kernel = _numba_kernel()
-            self._consts = consts
-            self._bufs = bufs
-        else:
-            # Plain Python indexes lists several times faster than numpy arrays.
-            self._kernel = _generate_kernel
-            self._consts = tuple(a.tolist() for a in consts)
-            self._bufs = tuple(a.tolist() for a in bufs)
+        return consts, bufs
 
-    def generate(self, seed: int) -> Level:
-        """The level of ``seed`` (any int >= 0; the same seed gives the same level on every machine and backend)."""
-        check_arg(
-            isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0,
-            "seed",
-            seed,
-            "an int >= 0",
-        )
-        rng = np.random.default_rng(int(seed))
-        with self._lock:
-            return self._generate_locked(int(seed), rng)
-
-    def _generate_locked(self, seed: int, rng: np.random.Generator) -> Level:
+    def _generate_locked(self, seed: int) -> Level:
         cfg = self.config
         rows, cols = cfg.dim_room
         nb = cfg.num_boxes
-        max_depth = cfg.max_depth or 0
-        fixed, st_boxes, st_player, st_depth, st_parent, table, vis, vis2, occ, stack, out = self._bufs
+        st_boxes, out = self._bufs[1], self._bufs[-1]
+        rng = np.random.default_rng(seed)
         for _ in range(cfg.tries):
             u = rng.random(self._nu)
             if self.backend == "python":
                 u = u.tolist()
-            status = self._kernel(
-                rows,
-                cols,
-                nb,
-                cfg.walk_steps,
-                float(cfg.p_change_directions),
-                u,
-                self._cap,
-                max_depth,
+            status = self._run(
+                rows, cols, nb, cfg.walk_steps, float(cfg.p_change_directions), u, self._cap, cfg.max_depth or 0,
                 self._tsize,
-                *self._consts,
-                fixed,
-                st_boxes,
-                st_player,
-                st_depth,
-                st_parent,
-                table,
-                vis,
-                vis2,
-                occ,
-                stack,
-                out,
-            )
+            )  # fmt: skip
             if status != _OK or int(out[3]) < cfg.min_depth:
                 continue
             best = int(out[1])
-            grid = np.asarray(fixed, dtype=np.int8).reshape(rows, cols).copy()
             boxes = tuple(sorted(divmod(int(b), cols) for b in st_boxes[best * nb : best * nb + nb]))
             player = divmod(int(out[2]), cols)
             return Level(
-                fixed=grid,
+                fixed=self._room(),
                 boxes=boxes,
                 player=(int(player[0]), int(player[1])),
                 pushes=int(out[3]),
-                seed=int(seed),
+                seed=seed,
                 meta={"states": int(out[0])},
             )
         raise GenerationError(
@@ -699,20 +584,10 @@ class SokobanGenerator:
         )
 
 
-_GENERATORS: dict[tuple[GeneratorConfig, str], SokobanGenerator] = {}
-_GENERATORS_LOCK = threading.Lock()
-
-
 def shared_generator(config: GeneratorConfig | None = None, *, backend: str = "auto") -> SokobanGenerator:
     """One :class:`SokobanGenerator` per configuration and backend in this process, so that many envs share one set
     of search buffers (about 1 MB at 10x10 with 4 boxes) instead of holding one each."""
-    config = config or GeneratorConfig()
-    key = (config, resolve_backend(backend))
-    with _GENERATORS_LOCK:
-        gen = _GENERATORS.get(key)
-        if gen is None:
-            gen = _GENERATORS[key] = SokobanGenerator(config, backend=key[1])
-    return gen
+    return SokobanGenerator.shared(config, backend=backend)
 
 
 def generate_level(seed: int, config: GeneratorConfig | None = None, *, backend: str = "auto") -> Level:

@@ -1,10 +1,13 @@
 """Pre-generated level pools: a reset becomes an array lookup.
 
-A :class:`LevelPool` holds ``size`` levels of one :class:`~ragen_envs.sokoban.generator.GeneratorConfig` as numpy
-arrays, with each level's fewest pushes (from the generator) and, when built with ``solve=True``, its fewest moves
-(from the solver). :meth:`LevelPool.load_or_build` keeps pools in the user cache folder
-(``ragen_envs.cache.cache_dir("sokoban", "pools")``), keyed by the configuration, the generator version, the size and
-the seed, and builds a missing pool in parallel worker processes with a progress bar.
+A :class:`LevelPool` holds ``size`` levels of one configuration as numpy arrays: a
+:class:`~ragen_envs.sokoban.generator.GeneratorConfig` (the exact generator) or a
+:class:`~ragen_envs.sokoban.reference_generator.ReferenceConfig` (the reference generator), with each level's fewest
+pushes (when the generator knows it: the exact one does, the reference one does not) and, when built with
+``solve=True``, its fewest moves (from the solver). :meth:`LevelPool.load_or_build` keeps pools in the user cache
+folder (``ragen_envs.cache.cache_dir("sokoban", "pools")``), keyed by the configuration (whose key names the generator,
+its version and its search settings), the size and the seed, and builds a missing pool in parallel worker processes
+with a progress bar.
 
 Level ``i`` of a pool with seed ``s`` is ``generate(s * 2**32 + i)``, so a pool is the same whatever the number of
 workers, and any level can be regenerated on its own.
@@ -25,10 +28,16 @@ import numpy as np
 
 from ragen_envs.cache import cache_dir
 from ragen_envs.core import check_arg
-from ragen_envs.sokoban.generator import GENERATOR_VERSION, GeneratorConfig, Level, SokobanGenerator
+from ragen_envs.sokoban.base import is_int
+from ragen_envs.sokoban.generator import GeneratorConfig, Level, SokobanGenerator
+from ragen_envs.sokoban.reference_generator import ReferenceConfig, ReferenceGenerator
 
 #: Pool files are written in this layout; bump when it changes.
 POOL_FORMAT = 1
+
+
+#: A configuration of either generator.
+PoolConfig = GeneratorConfig | ReferenceConfig
 
 
 def level_seed(pool_seed: int, index: int) -> int:
@@ -36,21 +45,26 @@ def level_seed(pool_seed: int, index: int) -> int:
     return pool_seed * 2**32 + index
 
 
+def generator_type(config: PoolConfig) -> type[SokobanGenerator | ReferenceGenerator]:
+    """The generator class that makes the levels of ``config``."""
+    return ReferenceGenerator if isinstance(config, ReferenceConfig) else SokobanGenerator
+
+
 @dataclass
 class LevelPool:
     """``size`` levels of one configuration as arrays (see the module docstring).
 
     Attributes:
-        config: the generator configuration.
+        config: the generator configuration (exact or reference).
         seed: the pool seed.
         fixed: ``(size, rows, cols)`` int8 cell codes (0 wall, 1 floor, 2 target).
         boxes: ``(size, num_boxes, 2)`` int16 box cells.
         player: ``(size, 2)`` int16 player cells.
-        pushes: ``(size,)`` fewest pushes of each level.
+        pushes: ``(size,)`` fewest pushes of each level, ``-1`` where unknown (reference levels).
         moves: ``(size,)`` fewest moves, ``-1`` where unknown (not solved, or over the solver budget).
     """
 
-    config: GeneratorConfig
+    config: PoolConfig
     seed: int
     fixed: np.ndarray
     boxes: np.ndarray
@@ -68,7 +82,7 @@ class LevelPool:
             fixed=self.fixed[i].copy(),
             boxes=tuple((int(r), int(c)) for r, c in self.boxes[i]),
             player=(int(self.player[i, 0]), int(self.player[i, 1])),
-            pushes=int(self.pushes[i]),
+            pushes=int(self.pushes[i]) if self.pushes[i] >= 0 else None,
             moves=int(self.moves[i]) if self.moves[i] >= 0 else None,
             seed=level_seed(self.seed, i),
         )
@@ -111,7 +125,7 @@ class LevelPool:
         np.savez_compressed(
             tmp,
             format=np.int64(POOL_FORMAT),
-            generator_version=np.int64(GENERATOR_VERSION),
+            generator_version=np.int64(generator_type(cfg).version),
             config_key=np.array(cfg.key()),
             dim_room=np.array(cfg.dim_room, dtype=np.int64),
             num_boxes=np.int64(cfg.num_boxes),
@@ -126,11 +140,12 @@ class LevelPool:
         return path
 
     @classmethod
-    def load(cls, path: str | Path, config: GeneratorConfig) -> LevelPool:
+    def load(cls, path: str | Path, config: PoolConfig) -> LevelPool:
         """Read a pool written by :meth:`save`; raises ``ValueError`` when it was made for another configuration
         or generator version."""
         with np.load(Path(path), allow_pickle=False) as data:
-            if int(data["format"]) != POOL_FORMAT or int(data["generator_version"]) != GENERATOR_VERSION:
+            version = generator_type(config).version
+            if int(data["format"]) != POOL_FORMAT or int(data["generator_version"]) != version:
                 raise ValueError(f"{path}: pool made by another generator version or file format; rebuild it")
             if str(data["config_key"]) != config.key():
                 raise ValueError(f"{path}: pool of configuration {str(data['config_key'])!r}, not {config.key()!r}")
@@ -145,7 +160,7 @@ class LevelPool:
             )
 
     @staticmethod
-    def cache_path(config: GeneratorConfig, size: int, seed: int = 0, *, solve: bool = True) -> Path:
+    def cache_path(config: PoolConfig, size: int, seed: int = 0, *, solve: bool = True) -> Path:
         """Where :meth:`load_or_build` keeps this pool."""
         name = f"{config.key()}_n{size}_seed{seed}{'_solved' if solve else ''}.npz"
         return cache_dir("sokoban", "pools") / name
@@ -154,7 +169,7 @@ class LevelPool:
     @classmethod
     def build(
         cls,
-        config: GeneratorConfig,
+        config: PoolConfig,
         size: int,
         seed: int = 0,
         *,
@@ -168,11 +183,9 @@ class LevelPool:
 
         ``max_expansions`` caps the solver per level; a level over budget keeps ``moves = -1``.
         """
-        check_arg(isinstance(size, int) and size >= 1, "size", size, "an int >= 1")
-        check_arg(isinstance(seed, int) and 0 <= seed < 2**31, "seed", seed, "an int in 0..2**31-1")
-        check_arg(
-            workers is None or (isinstance(workers, int) and workers >= 1), "workers", workers, "None or int >= 1"
-        )
+        check_arg(is_int(size) and size >= 1, "size", size, "an int >= 1")
+        check_arg(is_int(seed) and 0 <= seed < 2**31, "seed", seed, "an int in 0..2**31-1")
+        check_arg(workers is None or (is_int(workers) and workers >= 1), "workers", workers, "None or an int >= 1")
         workers = workers or os.cpu_count() or 1
         # Chunks small enough for a smooth progress bar, large enough to amortise the inter-process traffic.
         chunk = max(1, min(2000, size // (workers * 16) or 1))
@@ -185,7 +198,7 @@ class LevelPool:
         fixed = np.zeros((size, rows, cols), dtype=np.int8)
         boxes = np.zeros((size, nb, 2), dtype=np.int16)
         player = np.zeros((size, 2), dtype=np.int16)
-        pushes = np.zeros(size, dtype=np.int32)
+        pushes = np.full(size, -1, dtype=np.int32)
         moves = np.full(size, -1, dtype=np.int32)
         bar = _Progress(size, f"sokoban pool {config.key()} x{size}", enabled=progress)
         started = time.perf_counter()
@@ -207,11 +220,12 @@ class LevelPool:
                 pool.join()
         bar.close()
         if progress:
-            solved = int((moves >= 0).sum())
+            known = pushes[pushes >= 0]
+            solved = moves[moves >= 0]
             print(
-                f"built {size} levels in {time.perf_counter() - started:.1f}s with {workers} worker(s); "
-                f"pushes {pushes.min()}..{pushes.max()} (mean {pushes.mean():.1f})"
-                + (f"; solved {solved}/{size}, moves mean {moves[moves >= 0].mean():.1f}" if solve and solved else ""),
+                f"built {size} levels in {time.perf_counter() - started:.1f}s with {workers} worker(s)"
+                + (f"; pushes {known.min()}..{known.max()} (mean {known.mean():.1f})" if len(known) else "")
+                + (f"; solved {len(solved)}/{size}, moves mean {solved.mean():.1f}" if solve and len(solved) else ""),
                 file=sys.stderr,
             )
         return cls(config=config, seed=seed, fixed=fixed, boxes=boxes, player=player, pushes=pushes, moves=moves)
@@ -219,7 +233,7 @@ class LevelPool:
     @classmethod
     def load_or_build(
         cls,
-        config: GeneratorConfig,
+        config: PoolConfig,
         size: int,
         seed: int = 0,
         *,
@@ -244,20 +258,21 @@ def _build_chunk(task: tuple[Any, ...]) -> tuple[int, np.ndarray, np.ndarray, np
     config, backend, seed, start, end, solve, max_expansions = task
     from ragen_envs.sokoban.solver import solve_level
 
-    gen = SokobanGenerator(config, backend=backend)
+    gen = generator_type(config)(config, backend=backend)
     n = end - start
     rows, cols = config.dim_room
     fixed = np.zeros((n, rows, cols), dtype=np.int8)
     boxes = np.zeros((n, config.num_boxes, 2), dtype=np.int16)
     player = np.zeros((n, 2), dtype=np.int16)
-    pushes = np.zeros(n, dtype=np.int32)
+    pushes = np.full(n, -1, dtype=np.int32)
     moves = np.full(n, -1, dtype=np.int32)
     for k in range(n):
         level = gen.generate(level_seed(seed, start + k))
         fixed[k] = level.fixed
         boxes[k] = level.boxes
         player[k] = level.player
-        pushes[k] = level.pushes or 0
+        if level.pushes is not None:
+            pushes[k] = level.pushes
         if solve:
             solution = solve_level(level, max_expansions=max_expansions)
             if solution is not None:

@@ -31,7 +31,8 @@ The search above is reproduced exactly (visit order, explored set, ttl rule, sta
 room by room against the reference's own code and, in the tests, against a recursive oracle) by an iterative
 depth-first search with an explicit stack, in one flat kernel written in the subset of Python that numba compiles:
 with numba installed (the ``fast`` extra) it is compiled once and cached; without it the same function runs as plain
-Python on lists and makes identical levels. The explored-state set is an open-addressing hash table.
+Python on lists and makes identical levels (see :mod:`ragen_envs.sokoban.base`). The explored-state set is an
+open-addressing hash table.
 
 What differs from the reference:
 
@@ -63,29 +64,14 @@ Cell codes of ``Level.fixed``: 0 wall, 1 floor, 2 target. Cells are ``(row, col)
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-import sys
-import threading
-import time
 from dataclasses import dataclass
 from math import comb
-from typing import Any
 
 import numpy as np
 
 from ragen_envs.core import check_arg
-from ragen_envs.sokoban.generator import (
-    _DIR_DC,
-    _DIR_DR,
-    _MASK_DC,
-    _MASK_DR,
-    _MASK_N,
-    GenerationError,
-    Level,
-    numba_available,
-    resolve_backend,
-)
+from ragen_envs.sokoban.base import KernelGenerator, RoomConfig, is_int, numba_available, table_size
+from ragen_envs.sokoban.generator import _DIR_DC, _DIR_DR, _MASK_DC, _MASK_DR, _MASK_N, GenerationError, Level
 
 #: Bumped whenever the levels a seed makes change; pools are cached under this version.
 REFERENCE_GENERATOR_VERSION = 1
@@ -435,28 +421,9 @@ def _uniform_count(num_steps: int, num_boxes: int) -> int:
     return 3 + 3 * num_steps + num_boxes + 1 + 7
 
 
-# --------------------------------------------------------------------------------------------- backends
-_NUMBA_KERNEL: Any = None
-
-
-def _numba_kernel() -> Any:
-    global _NUMBA_KERNEL
-    if _NUMBA_KERNEL is None:
-        import numba
-
-        # cache=True stores the machine code next to this file (or in numba's user cache): only the first process on
-        # a machine pays the compile time (~2 s).
-        _NUMBA_KERNEL = numba.njit(cache=True, nogil=True)(_reference_kernel)
-    return _NUMBA_KERNEL
-
-
 # --------------------------------------------------------------------------------------------- public API
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True)
-class ReferenceConfig:
+class ReferenceConfig(RoomConfig):
     """What kind of levels to make, with the reference's defaults (RAGEN ``SokobanEnvConfig``: 6x6, search depth 300;
     one box as its ``config/envs.yaml`` SimpleSokoban).
 
@@ -481,25 +448,9 @@ class ReferenceConfig:
     tries: int = 1000
 
     def __post_init__(self) -> None:
-        dim = self.dim_room
+        self._check_room()
         check_arg(
-            isinstance(dim, (tuple, list)) and len(dim) == 2 and all(_is_int(v) for v in dim) and 4 <= min(dim)
-            and max(dim) <= 64,
-            "dim_room",
-            dim,
-            "(rows, cols), two ints in 4..64 (the border rows and columns are walls)",
-        )  # fmt: skip
-        object.__setattr__(self, "dim_room", (int(dim[0]), int(dim[1])))
-        interior = (dim[0] - 2) * (dim[1] - 2)
-        check_arg(
-            _is_int(self.num_boxes) and 1 <= self.num_boxes <= interior - 2,
-            "num_boxes",
-            self.num_boxes,
-            f"an int in 1..{interior - 2} for dim_room={tuple(dim)} (room for the boxes and the player)",
-        )
-        object.__setattr__(self, "num_boxes", int(self.num_boxes))
-        check_arg(
-            _is_int(self.search_depth) and self.num_boxes + 2 <= self.search_depth <= 100_000,
+            is_int(self.search_depth) and self.num_boxes + 2 <= self.search_depth <= 100_000,
             "search_depth",
             self.search_depth,
             f"an int in {self.num_boxes + 2}..100000 for num_boxes={self.num_boxes} (the search reaches "
@@ -507,42 +458,25 @@ class ReferenceConfig:
         )
         object.__setattr__(self, "search_depth", int(self.search_depth))
         check_arg(
-            isinstance(self.p_change_directions, (int, float))
-            and not isinstance(self.p_change_directions, bool)
-            and 0.0 <= self.p_change_directions <= 1.0,
-            "p_change_directions",
-            self.p_change_directions,
-            "a probability in [0, 1]",
-        )
-        check_arg(
-            self.num_steps is None or (_is_int(self.num_steps) and 1 <= self.num_steps <= 100_000),
-            "num_steps",
-            self.num_steps,
-            "None or an int in 1..100000",
-        )
-        check_arg(
-            _is_int(self.max_explored) and 1 <= self.max_explored <= 50_000_000,
+            is_int(self.max_explored) and 1 <= self.max_explored <= 50_000_000,
             "max_explored",
             self.max_explored,
             "an int in 1..50000000",
         )
-        check_arg(_is_int(self.tries) and self.tries >= 1, "tries", self.tries, "an int >= 1")
-
-    @property
-    def walk_steps(self) -> int:
-        return self.num_steps if self.num_steps is not None else int(1.7 * (self.dim_room[0] + self.dim_room[1]))
+        check_arg(is_int(self.tries) and self.tries >= 1, "tries", self.tries, "an int >= 1")
 
     def key(self) -> str:
         """A file-name-safe key of every field that changes the levels (with the generator version)."""
-        rows, cols = self.dim_room
-        return (
-            f"ref{REFERENCE_GENERATOR_VERSION}_{rows}x{cols}_b{self.num_boxes}_p{self.p_change_directions:g}"
-            f"_w{self.walk_steps}_sd{self.search_depth}_x{self.max_explored}"
-        )
+        return f"ref{REFERENCE_GENERATOR_VERSION}_{self._room_key()}_sd{self.search_depth}_x{self.max_explored}"
 
 
-class ReferenceGenerator:
-    """Make reference levels for one :class:`ReferenceConfig`; ``generate(seed)`` is deterministic.
+class ReferenceGenerator(KernelGenerator):
+    """Make reference levels for one :class:`ReferenceConfig`; ``generate(seed)`` is deterministic (any int in
+    ``0..2**64-1``; the same seed gives the same level on every machine and backend).
+
+    ``Level.pushes`` / ``Level.moves`` are ``None`` (the reference's search does not know the optimum); ``Level.meta``
+    holds the search's ``states`` (explored), ``score``, ``displacement``, ``box_swaps``, ``walk`` (player steps after
+    reverse play) and ``rooms`` (rooms drawn).
 
     >>> gen = ReferenceGenerator(ReferenceConfig((8, 8), 2, search_depth=10))
     >>> print(gen.generate(0).to_text())    # doctest: +SKIP
@@ -552,9 +486,13 @@ class ReferenceGenerator:
         backend: ``"auto"`` (numba when installed), ``"numba"`` or ``"python"``; both make identical levels.
     """
 
-    def __init__(self, config: ReferenceConfig | None = None, *, backend: str = "auto") -> None:
-        self.config = config or ReferenceConfig()
-        self.backend = resolve_backend(backend)
+    kernel = staticmethod(_reference_kernel)
+    config_type = ReferenceConfig
+    version = REFERENCE_GENERATOR_VERSION
+    seed_bits = 64  # the kernel seeds its stream from the seed's two 32-bit halves
+    config: ReferenceConfig
+
+    def _build_arrays(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         rows, cols = self.config.dim_room
         nb = self.config.num_boxes
         ncells = rows * cols
@@ -562,9 +500,6 @@ class ReferenceGenerator:
         # States: player cell x box cells x (ever pulled) per box; the search never holds more than that.
         bound = interior * comb(interior - 1, nb) * 2**nb
         cap = int(min(self.config.max_explored, bound))
-        tsize = 1
-        while tsize < 2 * cap:
-            tsize *= 2
         frames = int(min(self.config.search_depth, cap + 1)) + 1
         zrng = np.random.default_rng(0x5EED_2E7)  # fixed: the hash only places states in the table
         zob = zrng.integers(0, 2**62, size=3 * ncells, dtype=np.int64)
@@ -584,70 +519,32 @@ class ReferenceGenerator:
             np.zeros(cap, dtype=np.int32),  # ex_player
             np.zeros(cap * nb, dtype=np.int32),  # ex_key
             np.zeros(cap, dtype=np.int32),  # ex_slot
-            np.zeros(tsize, dtype=np.int32),  # table
+            np.zeros(table_size(cap), dtype=np.int32),  # table
             np.zeros(nb, dtype=np.int64),  # key_buf
             np.zeros(nb, dtype=np.int64),  # best_loc
             np.zeros(8, dtype=np.int64),  # small
             np.zeros(_uniform_count(self.config.walk_steps, nb), dtype=np.float64),  # u
             np.zeros(16, dtype=np.int64),  # out
         )
-        self._lock = threading.Lock()  # the search buffers are reused: one generation at a time per generator
-        if self.backend == "numba":
-            self._kernel = _numba_kernel()
-            self._consts = consts
-            self._bufs = bufs
-        else:
-            # Plain Python indexes lists several times faster than numpy arrays.
-            self._kernel = _reference_kernel
-            self._consts = tuple(a.tolist() for a in consts)
-            self._bufs = tuple(a.tolist() for a in bufs)
-
-    def generate(self, seed: int) -> Level:
-        """The level of ``seed`` (any int >= 0; the same seed gives the same level on every machine and backend).
-
-        ``Level.pushes`` / ``Level.moves`` are ``None`` (the reference's search does not know the optimum);
-        ``Level.meta`` holds the search's ``states`` (explored), ``score``, ``displacement``, ``box_swaps``,
-        ``walk`` (player steps after reverse play) and ``rooms`` (rooms drawn).
-        """
-        check_arg(_is_int(seed) and 0 <= seed < 2**64, "seed", seed, "an int in 0..2**64-1")
-        with self._lock:
-            return self._generate_locked(int(seed))
+        return consts, bufs
 
     def _generate_locked(self, seed: int) -> Level:
         cfg = self.config
         rows, cols = cfg.dim_room
-        bufs = self._bufs
-        status = self._kernel(
-            rows,
-            cols,
-            cfg.num_boxes,
-            cfg.walk_steps,
-            float(cfg.p_change_directions),
-            cfg.search_depth,
-            cfg.max_explored,
-            cfg.tries,
-            seed & 0xFFFFFFFF,
-            seed >> 32,
-            *self._consts,
-            *bufs,
-        )
+        status = self._run(
+            rows, cols, cfg.num_boxes, cfg.walk_steps, float(cfg.p_change_directions), cfg.search_depth,
+            cfg.max_explored, cfg.tries, seed & 0xFFFFFFFF, seed >> 32,
+        )  # fmt: skip
         if status != _OK:
             raise GenerationError(
                 f"no level with {cfg.num_boxes} box(es) in {cfg.tries} rooms of {rows}x{cols} with "
                 f"search_depth={cfg.search_depth} for seed {seed}; use a larger dim_room, fewer boxes or a larger "
                 "search_depth"
             )
-        out = bufs[-1]
-        if self.backend == "numba":
-            grid = bufs[0].astype(np.int8).reshape(rows, cols)
-            out = out.tolist()
-            best = bufs[15].tolist()
-        else:
-            grid = np.array(bufs[0], dtype=np.int8).reshape(rows, cols)
-            best = bufs[15]
+        out = [int(x) for x in self._bufs[-1]]
         return Level(
-            fixed=grid,
-            boxes=tuple(sorted(divmod(b, cols) for b in best)),
+            fixed=self._room(),
+            boxes=tuple(sorted(divmod(int(b), cols) for b in self._bufs[15])),  # best_loc
             player=divmod(out[_OUT_PLAYER], cols),
             pushes=None,
             seed=seed,
@@ -662,129 +559,15 @@ class ReferenceGenerator:
         )
 
 
-_GENERATORS: dict[tuple[ReferenceConfig, str], ReferenceGenerator] = {}
-_GENERATORS_LOCK = threading.Lock()
-
-
 def shared_reference_generator(config: ReferenceConfig | None = None, *, backend: str = "auto") -> ReferenceGenerator:
     """One :class:`ReferenceGenerator` per configuration and backend in this process, so that many envs share one set
     of search buffers."""
-    config = config or ReferenceConfig()
-    key = (config, resolve_backend(backend))
-    with _GENERATORS_LOCK:
-        gen = _GENERATORS.get(key)
-        if gen is None:
-            gen = _GENERATORS[key] = ReferenceGenerator(config, backend=key[1])
-    return gen
+    return ReferenceGenerator.shared(config, backend=backend)
 
 
 def generate_reference_level(seed: int, config: ReferenceConfig | None = None, *, backend: str = "auto") -> Level:
     """The reference level of ``seed`` for ``config`` (default 6x6, one box, search depth 300)."""
     return shared_reference_generator(config, backend=backend).generate(seed)
-
-
-# --------------------------------------------------------------------------------------------- pools
-def load_or_build_reference_pool(
-    config: ReferenceConfig,
-    size: int,
-    seed: int = 0,
-    *,
-    solve: bool = True,
-    workers: int | None = None,
-    progress: bool = True,
-    backend: str = "auto",
-    max_expansions: int = 200_000,
-) -> Any:
-    """A :class:`~ragen_envs.sokoban.pool.LevelPool` of reference levels, cached like the exact generator's pools
-    (under :meth:`ReferenceConfig.key`, which names the generator and its search depth).
-
-    Level ``i`` is ``generate(level_seed(seed, i))``; with ``solve`` each level's fewest moves is stored (from the
-    solver). ``pushes`` is ``-1`` (unknown) for every level: the reference's search does not know it.
-    """
-    from ragen_envs.sokoban.pool import LevelPool, _Progress
-
-    check_arg(_is_int(size) and size >= 1, "size", size, "an int >= 1")
-    check_arg(_is_int(seed) and 0 <= seed < 2**31, "seed", seed, "an int in 0..2**31-1")
-    check_arg(workers is None or (_is_int(workers) and workers >= 1), "workers", workers, "None or an int >= 1")
-    path = LevelPool.cache_path(config, size, seed, solve=solve)  # type: ignore[arg-type]
-    if path.exists():
-        try:
-            return LevelPool.load(path, config)  # type: ignore[arg-type]
-        except (ValueError, OSError, KeyError) as err:  # stale or damaged cache: rebuild it
-            print(f"rebuilding sokoban pool {path.name}: {err}", file=sys.stderr)
-    workers = workers or os.cpu_count() or 1
-    chunk = max(1, min(2000, size // (workers * 16) or 1))
-    tasks = [
-        (config, backend, seed, start, min(size, start + chunk), solve, max_expansions)
-        for start in range(0, size, chunk)
-    ]
-    rows, cols = config.dim_room
-    nb = config.num_boxes
-    fixed = np.zeros((size, rows, cols), dtype=np.int8)
-    boxes = np.zeros((size, nb, 2), dtype=np.int16)
-    player = np.zeros((size, 2), dtype=np.int16)
-    pushes = np.full(size, -1, dtype=np.int32)
-    moves = np.full(size, -1, dtype=np.int32)
-    bar = _Progress(size, f"sokoban pool {config.key()} x{size}", enabled=progress)
-    started = time.perf_counter()
-    pool = None
-    if workers == 1 or len(tasks) == 1:
-        results: Any = map(_build_reference_chunk, tasks)
-    else:
-        pool = multiprocessing.get_context().Pool(min(workers, len(tasks)))
-        results = pool.imap_unordered(_build_reference_chunk, tasks)
-    try:
-        for start, f, b, p, mo in results:
-            end = start + len(f)
-            fixed[start:end], boxes[start:end], player[start:end], moves[start:end] = f, b, p, mo
-            bar.update(len(f))
-    finally:
-        if pool is not None:
-            pool.close()
-            pool.join()
-    bar.close()
-    if progress:
-        solved = moves[moves >= 0]
-        print(
-            f"built {size} levels in {time.perf_counter() - started:.1f}s with {workers} worker(s)"
-            + (f"; solved {len(solved)}/{size}, moves mean {solved.mean():.1f}" if solve and len(solved) else ""),
-            file=sys.stderr,
-        )
-    result = LevelPool(
-        config=config,  # type: ignore[arg-type]
-        seed=seed,
-        fixed=fixed,
-        boxes=boxes,
-        player=player,
-        pushes=pushes,
-        moves=moves,
-    )
-    result.save(path)
-    return result
-
-
-def _build_reference_chunk(task: tuple[Any, ...]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    config, backend, seed, start, end, solve, max_expansions = task
-    from ragen_envs.sokoban.pool import level_seed
-    from ragen_envs.sokoban.solver import solve_level
-
-    gen = ReferenceGenerator(config, backend=backend)
-    n = end - start
-    rows, cols = config.dim_room
-    fixed = np.zeros((n, rows, cols), dtype=np.int8)
-    boxes = np.zeros((n, config.num_boxes, 2), dtype=np.int16)
-    player = np.zeros((n, 2), dtype=np.int16)
-    moves = np.full(n, -1, dtype=np.int32)
-    for k in range(n):
-        level = gen.generate(level_seed(seed, start + k))
-        fixed[k] = level.fixed
-        boxes[k] = level.boxes
-        player[k] = level.player
-        if solve:
-            solution = solve_level(level, max_expansions=max_expansions)
-            if solution is not None:
-                moves[k] = solution.moves
-    return start, fixed, boxes, player, moves
 
 
 __all__ = [
@@ -793,7 +576,6 @@ __all__ = [
     "ReferenceConfig",
     "ReferenceGenerator",
     "generate_reference_level",
-    "load_or_build_reference_pool",
     "numba_available",
     "shared_reference_generator",
 ]

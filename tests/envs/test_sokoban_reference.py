@@ -10,7 +10,13 @@ import pytest
 
 import ragen_envs  # noqa: F401 -- registers the ids
 from ragen_envs.sokoban.env import SokobanEnv
-from ragen_envs.sokoban.generator import GenerationError, GeneratorConfig, SokobanGenerator, numba_available
+from ragen_envs.sokoban.generator import (
+    GenerationError,
+    GeneratorConfig,
+    SokobanGenerator,
+    numba_available,
+    shared_generator,
+)
 from ragen_envs.sokoban.pool import LevelPool, level_seed
 from ragen_envs.sokoban.reference_generator import (
     _OUT_PULLED,
@@ -20,6 +26,7 @@ from ragen_envs.sokoban.reference_generator import (
     ReferenceConfig,
     ReferenceGenerator,
     generate_reference_level,
+    shared_reference_generator,
 )
 from ragen_envs.sokoban.solver import solve_level
 
@@ -199,6 +206,29 @@ def test_reference_pools_are_cached_per_search_depth(tmp_path, monkeypatch):
     again = SokobanEnv((6, 6), 1, search_depth=30, pool_size=24, pool_seed=2)
     assert again.reset(options={"level_index": 5})[0] == env.reset(options={"level_index": 5})[0]
     assert env.current_level() == gen.generate(level_seed(2, 5))
+
+
+def test_one_pool_and_generator_base_serve_both_generators(tmp_path, monkeypatch):
+    """LevelPool builds, saves and loads reference pools as it does exact ones; each generator class keeps its own
+    shared instances, and a pool file of one configuration is refused for another."""
+    monkeypatch.setenv("RAGEN_CACHE_DIR", str(tmp_path))
+    cfg = ReferenceConfig((8, 8), 2, search_depth=10)
+    pool = LevelPool.load_or_build(cfg, 12, seed=4, workers=1, progress=False)
+    gen = shared_reference_generator(cfg, backend="python")
+    assert gen is shared_reference_generator(cfg, backend="python") and gen is not shared_generator(backend="python")
+    assert (pool.pushes == -1).all() and (pool.moves >= 1).all()
+    for i in range(len(pool)):
+        level = pool.level(i)
+        assert level == gen.generate(level_seed(4, i)) and level.pushes is None and level.moves == pool.moves[i]
+    path = LevelPool.cache_path(cfg, 12, 4)
+    assert LevelPool.load(path, cfg).boxes.tolist() == pool.boxes.tolist()
+    with pytest.raises(ValueError, match="configuration"):
+        LevelPool.load(path, ReferenceConfig((8, 8), 2, search_depth=11))
+    with pytest.raises(ValueError, match="configuration"):
+        LevelPool.load(path, GeneratorConfig((8, 8), 2))
+    for config_type in (ReferenceConfig, GeneratorConfig):
+        with pytest.raises(ValueError, match="p_change_directions"):
+            config_type(p_change_directions=True)
 
 
 def test_bad_arguments_name_the_argument():
