@@ -25,6 +25,12 @@ Install the comparison: ``pip install 'ragen[sokoban-bench]'`` or ``pip install 
     python benchmarks/bench_sokoban_levels.py              # 1,000 seeds, ~1 minute
     python benchmarks/bench_sokoban_levels.py --quick      # 200 seeds, short timings
     python benchmarks/bench_sokoban_levels.py --seeds 300 --budget 2
+    python benchmarks/bench_sokoban_levels.py --speed-only # table 2 only
+
+The ``SokobanEnv.reset(seed)`` row is the env's whole fresh-level reset (seeding, generation, the grid text, the info
+dict): gymnasium's ``np_random`` is built lazily, the level seed is computed from the reset seed, and the level is
+read straight from the generator's kernel (see ``ragen_envs.core`` and ``ragen_envs.sokoban.env``). Target: resets,
+too, >= 100x gym-sokoban's ``generate_room``.
 """
 
 from __future__ import annotations
@@ -158,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="200 seeds and short timings")
     parser.add_argument("--budget", type=float, default=None, help="CPU seconds per speed row (default 4, quick 1)")
     parser.add_argument("--no-shipped", action="store_true", help="skip gym-sokoban as shipped (slow at 8x8/2)")
+    parser.add_argument("--speed-only", action="store_true", help="skip table 1 (difficulty): only the speed table")
     args = parser.parse_args(argv)
     seeds = args.seeds or (200 if args.quick else 1000)
     if seeds < 1:
@@ -174,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     # ---- table 1: difficulty
     diff_rows: list[list[str]] = []
     diff: dict[tuple[str, str], dict[str, Any]] = {}
-    for label, dim, nb, depth in CONFIGS:
+    for label, dim, nb, depth in [] if args.speed_only else CONFIGS:
         ref_median, ref_share = REFERENCE_MEASURED[label]
         diff_rows.append([label, REFERENCE_LABEL, "1000", f"{ref_median:g}", f"{ref_share:.1%}", "", "", "", ""])
         ours = ReferenceGenerator(ReferenceConfig(dim, nb, search_depth=depth))
@@ -197,11 +204,12 @@ def main(argv: list[str] | None = None) -> int:
                     str(d["unsolved"]),
                 ]
             )
-    print_table(
-        "Optimal solution length (moves, ragen's solver)",
-        ["config", "generator", "levels", "median", "<= 10 moves", "mean", "p90", "max", "unsolved"],
-        diff_rows,
-    )
+    if diff_rows:
+        print_table(
+            "Optimal solution length (moves, ragen's solver)",
+            ["config", "generator", "levels", "median", "<= 10 moves", "mean", "p90", "max", "unsolved"],
+            diff_rows,
+        )
 
     # ---- table 2: fresh-level speed
     room_utils_ok = load_gym_sokoban_room_utils() is not None
@@ -251,19 +259,20 @@ def main(argv: list[str] | None = None) -> int:
     met = True
     for label, _dim, _nb, _depth in CONFIGS:
         ref_median, ref_share = REFERENCE_MEASURED[label]
-        ours, exact = diff[(label, "reference")], diff[(label, "exact")]
-        print(
-            f"  {label}: ragen reference median {ours['median']:g} moves, {ours['within10']:.1%} within 10 "
-            f"({REFERENCE_LABEL}: {ref_median:g}, {ref_share:.1%}); exact generator {exact['median']:g}, "
-            f"{exact['within10']:.1%}"
-        )
+        if (label, "reference") in diff:
+            ours, exact = diff[(label, "reference")], diff[(label, "exact")]
+            print(
+                f"  {label}: ragen reference median {ours['median']:g} moves, {ours['within10']:.1%} within 10 "
+                f"({REFERENCE_LABEL}: {ref_median:g}, {ref_share:.1%}); exact generator {exact['median']:g}, "
+                f"{exact['within10']:.1%}"
+            )
         if f"{label} numba" in ratios:
-            ok = ratios[f"{label} numba"] >= SPEED_TARGET
+            ok = ratios[f"{label} numba"] >= SPEED_TARGET and ratios[f"{label} env"] >= SPEED_TARGET
             met = met and ok
             print(
                 f"  {label}: numba {ratios[f'{label} numba']:,.0f}x, python {ratios[f'{label} python']:,.1f}x, "
-                f"env reset {ratios[f'{label} env']:,.0f}x gym-sokoban's generate_room (target numba >= "
-                f"{SPEED_TARGET:.0f}x: {'met' if ok else 'MISSED'})"
+                f"env reset {ratios[f'{label} env']:,.0f}x gym-sokoban's generate_room (target numba and env reset "
+                f">= {SPEED_TARGET:.0f}x: {'met' if ok else 'MISSED'})"
             )
     return 0 if met else 1
 

@@ -186,6 +186,52 @@ class BaseTextEnv(gym.Env[str, str]):
         """An RGB picture of the state (grid envs override this)."""
         raise NotImplementedError(f"{type(self).__name__} has no rgb_array rendering")
 
+    # ------------------------------------------------------------------ seeding (lazy np_random)
+    # gymnasium's ``Env.reset(seed=s)`` builds ``np_random`` at once (``seeding.np_random(s)``: a SeedSequence and a
+    # PCG64, ~6.5 us), which is most of a fresh-level Sokoban reset although that level is a pure function of ``s``.
+    # So ``reset(seed=s)`` only records ``s`` and the Generator is built on first use, as the very same Generator
+    # gymnasium would have built: ``seeding.np_random(s)``, then advanced past the 64-bit draws a fast path already
+    # took from it (:meth:`_take_first_draw`). ``_np_random`` is a property because gymnasium's ``np_random`` and its
+    # ``check_env`` read that attribute directly; ``np_random_seed`` is set at reset, as gymnasium sets it.
+    _np_random_now: np.random.Generator | None = None  # the Generator, once built (or set)
+    _np_random_pending: int | None = None  # the seed of a Generator not built yet
+    _np_random_skip: int = 0  # 64-bit draws already taken from the pending Generator
+
+    @property  # type: ignore[override]
+    def _np_random(self) -> np.random.Generator | None:
+        if self._np_random_pending is not None:
+            rng, _ = np_random(self._np_random_pending)
+            if self._np_random_skip:
+                # PCG64.advance(n) is exactly n next_uint64 calls; a fresh PCG64 buffers no 32-bit half
+                rng.bit_generator.advance(self._np_random_skip)
+            self._np_random_now, self._np_random_pending, self._np_random_skip = rng, None, 0
+        return self._np_random_now
+
+    @_np_random.setter
+    def _np_random(self, value: np.random.Generator | None) -> None:
+        self._np_random_now, self._np_random_pending, self._np_random_skip = value, None, 0
+
+    def _seed_lazily(self, seed: Any) -> None:
+        """What ``gymnasium.Env.reset(seed=seed)`` does, with the Generator built on first use."""
+        if type(seed) is int and seed >= 0:
+            self._np_random_now, self._np_random_pending, self._np_random_skip = None, seed, 0
+            self._np_random_seed = seed  # = SeedSequence(seed).entropy, what gymnasium stores
+        else:
+            super().reset(seed=seed)  # None: keep the Generator; anything else: gymnasium's checks and errors
+
+    def _take_first_draw(self) -> int | None:
+        """The seed of ``np_random`` when it is pending and nothing was drawn from it yet, else ``None``.
+
+        A caller that gets a seed ``s`` must compute the Generator's first 64-bit output itself (``PCG64(s)``'s first
+        ``random_raw()``, see :func:`ragen_envs.sokoban.base.first_uint64`): the draw is recorded as taken, so a later
+        ``np_random`` continues after it, exactly as if ``np_random.integers(2**62)`` (one 64-bit draw) had run.
+        """
+        seed = self._np_random_pending
+        if seed is None or self._np_random_skip:
+            return None
+        self._np_random_skip = 1
+        return seed
+
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """Draw the initial state from ``seed``.
@@ -194,19 +240,22 @@ class BaseTextEnv(gym.Env[str, str]):
         slips) from ``d``: the N rollouts of one initial state share ``seed`` but need independent outcomes, or every
         rollout of a group would see the same payout and the group's reward spread would measure nothing.
         """
-        super().reset(seed=seed)
+        self._seed_lazily(seed)
         self.num_env_steps = 0
         self._reset_state(options)
-        dynamics_seed = (options or {}).get("dynamics_seed")
-        if dynamics_seed is not None:
-            check_arg(
-                isinstance(dynamics_seed, (int, np.integer)) and not isinstance(dynamics_seed, bool) and dynamics_seed >= 0,
-                "options['dynamics_seed']",
-                dynamics_seed,
-                "an int >= 0",
-            )
-            self._np_random, self._np_random_seed = np_random(int(dynamics_seed))
-        return self.state_text(), default_info(success=self.is_success())
+        if options:
+            dynamics_seed = options.get("dynamics_seed")
+            if dynamics_seed is not None:
+                check_arg(
+                    isinstance(dynamics_seed, (int, np.integer))
+                    and not isinstance(dynamics_seed, bool)
+                    and dynamics_seed >= 0,
+                    "options['dynamics_seed']",
+                    dynamics_seed,
+                    "an int >= 0",
+                )
+                self._np_random, self._np_random_seed = np_random(int(dynamics_seed))
+        return self._observation(self.state_text()), default_info(success=self.is_success())
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
         canonical = self.parse_action(action) if isinstance(action, str) else None
@@ -217,7 +266,7 @@ class BaseTextEnv(gym.Env[str, str]):
                 reward_parts={"env": 0.0},
                 reason=f"unknown action {preview(action)}; valid actions: {self.describe_actions()}",
             )
-            return self.state_text(), 0.0, False, False, info
+            return self._observation(self.state_text()), 0.0, False, False, info
         self.num_env_steps += 1
         outcome = self._apply_action(canonical)
         reward = float(outcome.reward)
@@ -233,7 +282,7 @@ class BaseTextEnv(gym.Env[str, str]):
         }
         if outcome.extra:
             info.update(outcome.extra)
-        return self.state_text(), reward, outcome.terminated, False, info
+        return self._observation(self.state_text()), reward, outcome.terminated, False, info
 
     def render(self) -> str | np.ndarray | None:
         if self.render_mode == "ansi":
@@ -243,9 +292,27 @@ class BaseTextEnv(gym.Env[str, str]):
         return None
 
     # ------------------------------------------------------------------ helpers
+    def _observation(self, text: str) -> str:
+        """``text`` as an observation: cut to :data:`~ragen_envs.spaces.MAX_OBSERVATION_CHARS` (the bound of
+        ``observation_space``), so that no state, however it grew, leaves the space."""
+        return text if len(text) <= MAX_OBSERVATION_CHARS else cap_text(text, MAX_OBSERVATION_CHARS)
+
     def describe_actions(self) -> str:
         """The valid actions as one line for prompts and error reasons."""
         return ", ".join(self.action_names) if self.action_names else "see the instructions"
+
+
+#: What replaces the middle of a text cut by :func:`cap_text`.
+CUT_MARKER = "\n[... cut ...]\n"
+
+
+def cap_text(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its head and tail around :data:`CUT_MARKER`, ``limit``
+    characters in all (``limit`` >= 64; the end of a state, e.g. its available actions, is kept)."""
+    if len(text) <= limit:
+        return text
+    keep = limit - len(CUT_MARKER)
+    return text[: keep // 2] + CUT_MARKER + text[len(text) - (keep - keep // 2) :]
 
 
 def preview(value: Any, limit: int = 40) -> str:

@@ -24,8 +24,11 @@ The reward message carries the env's reward only, as in the reference (whose for
 to the episode's score); the ``step`` reward includes the penalty. With ``prompt_layout="ragen"``, the instructions,
 the reply format and the action budget are in the system message and a bad reply is explained in the next prompt.
 
-Spaces: ``UnicodeText`` for both; the action is the reply text (any length is accepted; beyond ``max_reply_chars``
-it is cut before parsing, and the cut is a format error).
+Spaces: ``UnicodeText`` for both; the action is the reply text (any length and any type is accepted; beyond
+``max_reply_chars`` it is cut before parsing, and the cut is a format error; a non-``str`` reply is a format error).
+Every observation is cut to ``max_observation_chars`` (default :data:`~ragen_envs.spaces.MAX_OBSERVATION_CHARS`),
+head and tail kept around ``"\\n[... cut ...]\\n"``, and ``observation_space`` is ``UnicodeText`` of that length, so
+observations never leave it; invalid actions are named in ``reason`` by short previews, never echoed whole.
 
 Episode end: ``terminated`` when the inner env terminates (solved, fell in a hole, bought an item, bandit pulled);
 ``truncated`` after ``max_turns`` turns, once ``max_actions_per_episode`` actions have been executed, or when the inner
@@ -43,9 +46,10 @@ from typing import Any, SupportsFloat
 
 import gymnasium as gym
 
-from ragen_envs.core import INFO_KEYS, BaseTextEnv, check_arg, default_info, preview
+from ragen_envs.core import INFO_KEYS, BaseTextEnv, cap_text, check_arg, default_info, preview
 from ragen_envs.parsing import ParsedReply, parse_reply
 from ragen_envs.settings import ProtocolSettings
+from ragen_envs.spaces import UnicodeText
 
 #: Keys of an inner step's info that are not the env's extras.
 _NOT_EXTRA = frozenset(INFO_KEYS) | {"reason"}
@@ -76,6 +80,10 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
             "a ProtocolSettings or None",
         )
         self.settings = (settings or ProtocolSettings()).updated(overrides, where="TurnProtocol arguments")
+        # Every observation is cut to max_observation_chars (_cap), so that is the space's bound; it also sizes the
+        # shared-memory buffers of an AsyncVectorEnv (ragen_envs.spaces).
+        if self.settings.max_observation_chars != env.observation_space.max_length:
+            self.observation_space = UnicodeText(self.settings.max_observation_chars)
         self._turn = 0
         self._actions_left = self.settings.max_actions_per_episode
         self._done = False
@@ -182,12 +190,7 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
         return frozenset(name.lower() for name in base.action_names)
 
     def _cap(self, text: str) -> str:
-        limit = self.settings.max_observation_chars
-        if len(text) <= limit:
-            return text
-        marker = "\n[... cut ...]\n"
-        keep = limit - len(marker)
-        return text[: keep // 2] + marker + text[len(text) - (keep - keep // 2) :]
+        return cap_text(text, self.settings.max_observation_chars)
 
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:

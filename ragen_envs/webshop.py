@@ -35,9 +35,12 @@ Arguments:
 
 from __future__ import annotations
 
+import atexit
 import http.client
 import json
+import os
 import re
+import sys
 import threading
 from typing import Any, SupportsFloat
 from urllib.parse import urlsplit
@@ -87,7 +90,14 @@ INSTRUCTIONS = (
 
 # ------------------------------------------------------------------------------------------- embedded server
 class _Embedded:
-    """One in-process server per catalog configuration, shared by every env that asks for it (ref-counted)."""
+    """One in-process server per catalog configuration, shared by every env that asks for it (ref-counted).
+
+    A process must be able to end without ``env.close()``: the server thread is a daemon (it does not keep the
+    interpreter alive) and :meth:`stop_all` (an ``atexit`` hook) stops every server while that thread still runs.
+    Without it, an env collected during interpreter shutdown would call ``server.shutdown()``, which waits for the
+    (by then frozen) daemon thread forever. Servers belong to the process that started them: a forked child forgets
+    its parent's (their threads do not exist in it) and starts its own when an env asks.
+    """
 
     # Re-entrant: WebShopEnv.__del__ releases, and a garbage collection may run it in a thread that holds the lock.
     _lock = threading.RLock()
@@ -101,7 +111,7 @@ class _Embedded:
                 from webshop_server.app import build_shop, start_in_thread  # lazily: the server's deps
 
                 shop = build_shop(**build_kwargs)
-                server, thread = start_in_thread(shop, "127.0.0.1", 0)
+                server, thread = start_in_thread(shop, "127.0.0.1", 0)  # a daemon thread
                 entry = cls._servers[key] = [server, thread, 0]
             entry[2] += 1
             return entry[0].url
@@ -114,10 +124,35 @@ class _Embedded:
                 return
             entry[2] -= 1
             if entry[2] <= 0:
-                server, thread, _ = cls._servers.pop(key)
-                server.shutdown()
-                server.server_close()
-                thread.join(timeout=5)
+                del cls._servers[key]
+                cls._stop(entry[0], entry[1])
+
+    @staticmethod
+    def _stop(server: Any, thread: threading.Thread) -> None:
+        # shutdown() blocks until serve_forever returns: only ask a serving thread that can still answer (not one of
+        # another process, not one frozen by interpreter shutdown).
+        if thread.is_alive() and not sys.is_finalizing():
+            server.shutdown()
+            thread.join(timeout=5)
+        server.server_close()
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """Stop every embedded server of this process (at exit; envs still open then get connection errors)."""
+        with cls._lock:
+            entries, cls._servers = list(cls._servers.values()), {}
+        for server, thread, _ in entries:
+            cls._stop(server, thread)
+
+    @classmethod
+    def _forget_after_fork(cls) -> None:
+        cls._lock = threading.RLock()
+        cls._servers = {}
+
+
+atexit.register(_Embedded.stop_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_Embedded._forget_after_fork)
 
 
 class _Client:
@@ -154,6 +189,9 @@ class _Client:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_conn": None}  # a socket cannot be pickled; the copy connects on first request
 
 
 # ------------------------------------------------------------------------------------------------- the env
@@ -211,6 +249,7 @@ class WebShopEnv(BaseTextEnv):
         self.observation_mode = observation_mode
         self.show_available_actions = show_available_actions
         self._embedded_key: tuple | None = None
+        self._embedded_pid = 0  # the process whose embedded server this env holds a reference to
         if server_url is None:
             build = dict(
                 num_products=num_products, seed=catalog_seed, goals_per_product=goals_per_product,
@@ -218,6 +257,7 @@ class WebShopEnv(BaseTextEnv):
             )  # fmt: skip
             self._embedded_key = tuple(sorted(build.items()))
             server_url = _Embedded.acquire(self._embedded_key, build)
+            self._embedded_pid = os.getpid()
         self.server_url = server_url.rstrip("/")
         self._client = _Client(self.server_url, float(timeout))
         try:
@@ -343,7 +383,7 @@ class WebShopEnv(BaseTextEnv):
             reason=self._why_invalid(action),
         )
         info.update(self._extra())
-        return self.state_text(), 0.0, False, False, info
+        return self._observation(self.state_text()), 0.0, False, False, info
 
     def _apply_action(self, action: str) -> StepOutcome:
         before = self._page.get("url")
@@ -428,9 +468,21 @@ class WebShopEnv(BaseTextEnv):
         if client is not None:
             client.close()
         if getattr(self, "_embedded_key", None) is not None:
-            _Embedded.release(self._embedded_key)
+            if self._embedded_pid == os.getpid():  # a forked copy of an env holds no reference in its process
+                _Embedded.release(self._embedded_key)
             self._embedded_key = None
         super().close()
+
+    # ------------------------------------------------------------------ pickling (the client drops its socket)
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """An env with an embedded server gets one in the unpickling process (the same catalog, so the same goals
+        and pages: sessions live in page URLs, an episode goes on where it was); one with ``server_url``
+        reconnects to that URL on its first request."""
+        self.__dict__.update(state)
+        if self._embedded_key is not None and not self._closed:
+            self.server_url = _Embedded.acquire(self._embedded_key, dict(self._embedded_key)).rstrip("/")
+            self._embedded_pid = os.getpid()
+            self._client = _Client(self.server_url, self._client.timeout)
 
     def __del__(self) -> None:  # an env dropped without close() must not keep the embedded server alive forever
         try:

@@ -6,23 +6,47 @@
     accelerate launch --num_processes 8 -m ragen_trainer.cli train --config starpo-s --deepspeed ds_zero2.json
 
 Every :class:`~ragen_trainer.config.StarPOConfig` field is a flag (``--<field> value``; dashes work too), and
-``--set field=value`` (repeatable) does the same. The config is resolved and validated before any model loads: a
-bad value exits with status 2 and names the field and the allowed values. ``--dry-run`` prints the resolved config.
-Ctrl-C saves a checkpoint and exits with status 130; running the same command again resumes from it.
+``--set field=value`` (repeatable) does the same. The whole config is checked before any model loads (the fields,
+the env built once with its kwargs, the model folder or cached hub id, files such as ``--deepspeed``, the output
+folder): a bad value exits with status 2 and names the field and what it accepts. ``--dry-run`` prints the resolved
+config. Ctrl-C saves a checkpoint and exits with status 130; running the same command again resumes from it. A
+changed config in an output folder that holds a run is refused (status 2, the differing fields listed) unless
+``--resume`` (continue with the new config) or ``--overwrite`` (delete the old run and start over).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import os
 import sys
+import threading
 from dataclasses import MISSING, fields
+from pathlib import Path
 from typing import Any, get_type_hints
 
 from ragen_envs.settings import ProtocolSettings
-from ragen_trainer.config import CHOICES, PRESETS, StarPOConfig, apply_overrides, load_config, parse_overrides
+from ragen_trainer.config import (
+    CHOICES,
+    PRESETS,
+    RunConflictError,
+    StarPOConfig,
+    apply_overrides,
+    check_output_folder,
+    load_config,
+    parse_overrides,
+)
+from ragen_trainer.models import check_model_source
 
 #: Exit status after Ctrl-C (the shell's convention for SIGINT).
 EXIT_INTERRUPTED = 130
+#: Exit status of a bad command line or config (argparse's convention).
+EXIT_USAGE = 2
+#: ``--resume`` given without a value: continue the run in output_dir even though its config changed.
+_FORCE_RESUME = "force"
+#: Most seconds the env check may take (WebShop starts its embedded server).
+ENV_CHECK_TIMEOUT = 120.0
 
 # The evaluation engineer's module provides these (see ragen_trainer/evaluation/cli.py); the trainer's CLI only
 # dispatches to them, so `eval` and `leaderboard` evolve without touching this file.
@@ -46,6 +70,9 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--set", dest="set_pairs", action="append", default=[], metavar="FIELD=VALUE",
                         help="override any config field (repeatable), e.g. --set filter_ratio=0.5")
     parser.add_argument("--dry-run", action="store_true", help="print the resolved, validated config and exit")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="the output folder holds a run: delete that run's checkpoints, metrics and summary and "
+                             "start over (the same as --resume false)")
     group = parser.add_argument_group("config fields (every StarPOConfig field; see docs/training.md)")
     hints = get_type_hints(StarPOConfig)
     kind_name = {bool: "true/false", int: "int", float: "float", str: "text", list: "list", dict: "YAML mapping"}
@@ -55,6 +82,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         names = [f"--{f.name}"]
         if "_" in f.name:
             names.append(f"--{f.name.replace('_', '-')}")
+        if f.name == "resume":  # a bare --resume also says: continue even though the config changed
+            group.add_argument(*names, dest=f"field__{f.name}", default=None, nargs="?", const=_FORCE_RESUME,
+                               metavar="true/false",
+                               help="--resume alone: continue the run in output_dir even if its config differs "
+                                    "from this one (fields listed as a warning). --resume true (the default): continue "
+                                    "a run whose config matches, refuse a changed one. --resume false: start over, "
+                                    "like --overwrite.")
+            continue
         group.add_argument(*names, dest=f"field__{f.name}", default=None, metavar=kind_name.get(kind, "VALUE"),
                            help=f"{f.metadata.get('help', '')} (default: {_default_text(f)}{extra})")
     protocol = parser.add_argument_group(
@@ -77,33 +112,155 @@ def resolve_config(args: argparse.Namespace) -> StarPOConfig:
         changes["env_id"] = args.env_shortcut
     for key, value in vars(args).items():
         if key.startswith("field__") and value is not None:
-            changes[key[len("field__"):]] = value
+            changes[key[len("field__"):]] = "true" if value == _FORCE_RESUME else value
     changes.update(parse_overrides(args.set_pairs))
     return apply_overrides(cfg, changes).validate()
 
 
 def run_train(args: argparse.Namespace) -> int:
+    force_resume = getattr(args, "field__resume", None) == _FORCE_RESUME
+    overwrite = bool(getattr(args, "overwrite", False))
     try:
+        if force_resume and overwrite:
+            raise ValueError("invalid arguments --resume and --overwrite: choose one (--resume continues the run in "
+                             "output_dir with this config, --overwrite deletes it and starts over)")
         cfg = resolve_config(args)
+        if not args.dry_run:
+            preflight(cfg, force_resume=force_resume, overwrite=overwrite)
     except ValueError as exc:
         print(f"ragen-trainer train: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if args.dry_run:
         print(cfg.to_yaml(), end="")
         return 0
-    return train_from_config(cfg)
+    return train_from_config(cfg, force_resume=force_resume, overwrite=overwrite)
 
 
-def train_from_config(cfg: StarPOConfig) -> int:
-    """Load the model, build the trainer, train; returns the exit status (0, or 130 after Ctrl-C)."""
+# ------------------------------------------------------------------------------------------ checks before loading
+def preflight(cfg: StarPOConfig, *, force_resume: bool = False, overwrite: bool = False) -> None:
+    """Everything that can be checked about a validated config without loading a model; raise ``ValueError``
+    naming the field and what it accepts. Takes a second or two (the env is built once; WebShop starts its server).
+
+    Checked: the output folder (not a file, writable, and its run compatible: see
+    :func:`ragen_trainer.config.check_output_folder`), the model (:func:`ragen_trainer.models.check_model_source`),
+    ``deepspeed`` (an existing JSON file, the package installed), ``report_to`` and LoRA packages, ``dtype`` against
+    the hardware, and the env (``gymnasium.make(env_id, **env_make_kwargs)``, one ``reset``, ``close``).
+    """
+    check_output_dir(cfg.output_dir)
+    check_output_folder(cfg, force_resume=force_resume, overwrite=overwrite)
+    check_model_source(cfg.model)
+    if cfg.deepspeed:
+        check_deepspeed(cfg.deepspeed)
+    packages = {"tensorboard": ("report_to", "tensorboard"), "wandb": ("report_to", "wandb")}
+    for name in cfg.report_to:
+        if name in packages:
+            _need_package(packages[name][1], "report_to", cfg.report_to, f"the {name} package (pip install {name})")
+    if cfg.lora_rank > 0:
+        _need_package("peft", "lora_rank", cfg.lora_rank, "the peft package for LoRA (pip install peft), or 0")
+    if cfg.dtype in ("float16", "bfloat16"):
+        import torch
+
+        if cfg.dtype == "float16" and not torch.cuda.is_available():
+            raise ValueError(f"invalid config field dtype={cfg.dtype!r}: float16 training needs a CUDA GPU and none "
+                             "is available; expected 'auto', 'float32' or 'bfloat16' here")
+    check_env(cfg)
+
+
+def check_output_dir(output_dir: str) -> None:
+    """``output_dir`` is a folder, or can be created: not a file, and its nearest existing parent is writable."""
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"invalid config field output_dir={output_dir!r}: it is a file; expected a folder (new, or "
+                         "holding a run to resume)")
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"invalid config field output_dir={output_dir!r}: {probe} is a file, so the folder cannot "
+                         "be created")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"invalid config field output_dir={output_dir!r}: {probe} is not writable")
+
+
+def check_deepspeed(path: str) -> None:
+    """``deepspeed`` names an existing JSON file with an object in it, and the deepspeed package is installed."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ValueError(f"invalid config field deepspeed={path!r}: no such file; expected the path of a DeepSpeed "
+                         "config JSON (see docs/training.md), or '' for none")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"invalid config field deepspeed={path!r}: not a JSON file ({str(exc)[:80]})") from None
+    if not isinstance(data, dict):
+        raise ValueError(  # noqa: TRY004  (a bad value of a field: every config error is a ValueError)
+            f"invalid config field deepspeed={path!r}: expected a JSON object (a DeepSpeed config)")
+    _need_package("deepspeed", "deepspeed", path, "the deepspeed package (pip install deepspeed), or '' for none")
+
+
+def check_env(cfg: StarPOConfig, timeout: float = ENV_CHECK_TIMEOUT) -> None:
+    """Build the env once as training will (``gymnasium.make(env_id, **env_make_kwargs())``), reset it, close it;
+    a failure is a ``ValueError`` naming ``env_kwargs`` (or ``env_id``) and the env's own message."""
+    import gymnasium as gym
+
+    import ragen_envs  # noqa: F401  (registers the ragen ids)
+
+    failure: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            env = gym.make(cfg.env_id, **cfg.env_make_kwargs())
+            try:
+                env.reset(seed=0)
+            finally:
+                env.close()
+        except BaseException as exc:  # noqa: BLE001  (anything the env raises is reported, not a traceback)
+            failure.append(exc)
+
+    worker = threading.Thread(target=build, name="ragen-env-check", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    field = "env_kwargs" if cfg.env_kwargs else "env_id"
+    value = cfg.env_kwargs if cfg.env_kwargs else cfg.env_id
+    if worker.is_alive():
+        raise ValueError(f"invalid config field {field}={value!r}: building {cfg.env_id} did not finish in "
+                         f"{timeout:.0f} s")
+    if failure:
+        exc = failure[0]
+        text = str(exc).split(" was raised from the environment creator")[0]
+        raise ValueError(f"invalid config field {field}={value!r}: gymnasium.make({cfg.env_id!r}, ...) failed: "
+                         f"{type(exc).__name__}: {text}; expected keyword arguments that {cfg.env_id} "
+                         "accepts") from None
+
+
+def _need_package(package: str, name: str, value: Any, allowed: str) -> None:
+    if importlib.util.find_spec(package) is None:
+        raise ValueError(f"invalid config field {name}={value!r}: needs {allowed}, which is not installed")
+
+
+def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrite: bool = False) -> int:
+    """Load the model, build the trainer, train; returns the exit status (0, or 130 after Ctrl-C).
+
+    ``force_resume`` / ``overwrite`` are ``--resume`` / ``--overwrite`` (see :meth:`StarPOTrainer.train`)."""
     from accelerate import PartialState
 
-    from ragen_trainer.models import load_model_and_tokenizer
+    from ragen_trainer.models import ModelLoadError, load_model_and_tokenizer
     from ragen_trainer.trainer import StarPOTrainer
 
     state = PartialState()
     device = state.device
-    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device, lora=cfg.lora_settings())
+    try:
+        model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device,
+                                                    lora=cfg.lora_settings())
+    except ModelLoadError as exc:  # e.g. a cached hub id whose weights are missing: the check cannot see that
+        print(f"ragen-trainer train: error: invalid config field model={cfg.model!r}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:
+        if cfg.lora_rank > 0 and "target" in str(exc).lower():  # peft: a module name the model does not have
+            print(f"ragen-trainer train: error: invalid config field lora_target_modules="
+                  f"{cfg.lora_target_modules!r}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        raise
     ref_model = None
     if cfg.kl_coef > 0 or cfg.kl_reward_coef > 0:  # the reference is the model as loaded, even on resume
         ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
@@ -113,7 +270,11 @@ def train_from_config(cfg: StarPOConfig) -> int:
 
         engine = VLLMEngine(cfg.model, tokenizer, mode="server", base_url=cfg.engine_url)
     trainer = StarPOTrainer(cfg, model, tokenizer, engine=engine, ref_model=ref_model)
-    result = trainer.train()
+    try:
+        result = trainer.train(force_resume=force_resume, overwrite=overwrite)
+    except RunConflictError as exc:  # the output folder changed between the check and now
+        print(f"ragen-trainer train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     if state.is_main_process:
         if result.interrupted:
             where = result.checkpoint or "(no step had finished: nothing to save)"
@@ -151,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{train,presets,eval,leaderboard}")
     train = sub.add_parser("train", help="train a model with StarPO / StarPO-S",
                            usage="ragen-trainer train [--config PRESET|YAML] [--env ENV_ID] [--model MODEL] "
-                                 "[--<field> VALUE ...] [--set FIELD=VALUE ...] [--dry-run]",
+                                 "[--<field> VALUE ...] [--set FIELD=VALUE ...] [--resume | --overwrite] [--dry-run]",
                            description="Train with StarPO / StarPO-S. The output folder gets config.yaml, "
                                        "metrics.jsonl, checkpoint-N/ (Hugging Face format), final/ and summary.json.")
     add_train_arguments(train)

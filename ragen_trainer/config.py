@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -46,6 +47,20 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 
 #: Names accepted for ``report_to``; ``console`` and ``jsonl`` are ragen's own, the others go to TRL/transformers.
 REPORTERS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
+
+#: The largest ``seed`` (numpy's global seed, which ``transformers.set_seed`` sets, must be below 2**32).
+MAX_SEED = 2**32 - 1
+
+#: Fields that may change between the runs of one output folder without ``--resume``: they change how long, how
+#: often to log / validate / save, and how the work is spread over memory and processes, not what is trained.
+#: Any other difference from the folder's config is refused (see :func:`check_output_folder`).
+RESUME_SAFE_FIELDS: frozenset[str] = frozenset({
+    "total_steps", "output_dir", "resume", "logging_steps", "report_to", "save_steps", "save_total_limit",
+    "val_every", "val_groups", "val_temperature", "engine", "engine_url", "generation_batch_size",
+    "micro_batch_size", "gradient_checkpointing", "deepspeed",
+})
+
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -161,7 +176,12 @@ class StarPOConfig:
     report_to: list = _f(["console", "jsonl"], f"Where metrics go, any of {list(REPORTERS)}.")
     save_steps: int = _f(50, "Save a Hugging Face checkpoint every this many steps (0 = only the final one).")
     save_total_limit: int = _f(0, "Keep at most this many checkpoints (0 = keep all).")
-    resume: bool = _f(True, "Resume from the last checkpoint in output_dir when there is one.")
+    resume: bool = _f(
+        True,
+        "true: continue the run in output_dir (from its newest checkpoint that verifies) when its config matches, and "
+        "refuse a changed one; false: start over, deleting that run's checkpoints, metrics and summary (like "
+        "--overwrite). `ragen-trainer train --resume` alone continues even with a changed config.",
+    )
     deepspeed: str = _f("", "Path to a DeepSpeed config JSON (ZeRO); empty = none. Use with `accelerate launch`.")
 
     # ------------------------------------------------------------------ helpers
@@ -188,6 +208,7 @@ class StarPOConfig:
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
         for name in ("val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "an int >= 0")
+        _check(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"an int in 0..{MAX_SEED}")
         _check(self.max_new_tokens < self.max_context_tokens, "max_new_tokens", self.max_new_tokens,
                f"an int < max_context_tokens ({self.max_context_tokens})")
         for name in ("gamma", "lam", "turn_gamma", "turn_lam"):
@@ -209,6 +230,10 @@ class StarPOConfig:
         _check(self.lora_alpha >= 1, "lora_alpha", self.lora_alpha, "an int >= 1")
         _check(self.lora_target_modules.strip() != "", "lora_target_modules", self.lora_target_modules,
                "'all-linear' or comma-separated module names like 'q_proj,v_proj'")
+        if self.lora_rank > 0 and self.lora_target_modules.strip() != "all-linear":
+            names = [m.strip() for m in self.lora_target_modules.split(",")]
+            _check(all(_MODULE_NAME.fullmatch(m) for m in names), "lora_target_modules", self.lora_target_modules,
+                   "'all-linear' or comma-separated module names like 'q_proj,v_proj' (letters, digits, _ . -)")
         _check(self.env_id.strip() != "", "env_id", self.env_id, "a registered gymnasium id like 'ragen/Bandit-v0'")
         _check(self.model.strip() != "", "model", self.model, "'smollm2', a model folder or a cached hub id")
         _check(self.output_dir.strip() != "", "output_dir", self.output_dir, "a folder path")
@@ -276,7 +301,10 @@ class StarPOConfig:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_yaml(), encoding="utf-8")
+        """Write the config as YAML, atomically (a reader sees the old file or the new one)."""
+        from ragen_trainer.fileio import atomic_write_text
+
+        atomic_write_text(path, self.to_yaml())
 
     def replace(self, **changes: Any) -> StarPOConfig:
         """A copy with ``changes`` applied (unknown names raise ``ValueError``), not yet validated."""
@@ -365,7 +393,10 @@ def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
                 value = parse_value(key, value, protocol_hints[key])
             out.protocol[key] = value
             continue
-        if key == "protocol" and isinstance(value, dict):  # merged field by field, so layers compose
+        if key == "protocol":  # merged field by field, so layers compose
+            if not isinstance(value, dict):
+                raise ValueError(f"invalid config field protocol={value!r}: expected a mapping of protocol settings "
+                                 "(e.g. {max_turns: 3})")
             out.protocol.update(value)
             continue
         if key not in names:
@@ -378,6 +409,8 @@ def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
             value = float(value)
         if hints[key] is list and isinstance(value, str):
             value = [value]
+        if hints[key] in (list, dict) and not isinstance(value, hints[key]):  # e.g. `env_kwargs: 3` in a YAML file
+            raise ValueError(f"invalid config field {key}={value!r}: expected a {_type_name(hints[key])}")
         setattr(out, key, value)
     return out
 
@@ -447,3 +480,146 @@ def _type_name(kind: Any) -> str:
     return {bool: "bool (true/false)", int: "int", float: "number", str: "str", list: "list", dict: "mapping"}.get(
         kind, str(kind)
     )
+
+
+# ---------------------------------------------------------------------------------------------------- output folders
+class RunConflictError(ValueError):
+    """``output_dir`` holds a run that this config may not continue (:func:`check_output_folder` says why)."""
+
+
+#: What a run writes into its ``output_dir`` (names and name prefixes); ``--overwrite`` removes these and only these.
+RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb")
+RUN_FILE_PREFIXES: tuple[str, ...] = ("checkpoint-", "broken-checkpoint-", ".saving-", ".replaced-", ".tmp-")
+
+
+def run_files(output_dir: str | Path) -> list[Path]:
+    """The files and folders of a previous run in ``output_dir`` (anything else there is the user's and is kept)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name in RUN_FILE_NAMES or p.name.startswith(RUN_FILE_PREFIXES))
+
+
+def holds_run(output_dir: str | Path) -> bool:
+    """Whether ``output_dir`` holds a run's progress: a checkpoint (whole or not), a final model, a summary, or
+    metrics. A lone ``config.yaml`` (a run stopped before its first step) is not progress."""
+    folder = Path(output_dir)
+    for path in run_files(folder):
+        if path.name in ("config.yaml", "tensorboard", "wandb") or path.name.startswith(".tmp-"):
+            continue
+        if path.name == "metrics.jsonl" and path.stat().st_size == 0:
+            continue
+        return True
+    return False
+
+
+@dataclass
+class FolderPlan:
+    """What :func:`check_output_folder` decided for ``output_dir``."""
+
+    action: str
+    """``"new"`` (nothing to continue), ``"continue"`` (resume the run there), ``"overwrite"`` (remove the old run's
+    files, then start over)."""
+    differences: list[tuple[str, Any, Any]] = field(default_factory=list)
+    """``(field, old value, new value)`` of the fields that changed (only with ``force_resume``)."""
+    compared_with: str | None = None
+    """The file the config was compared with."""
+
+
+def check_output_folder(cfg: StarPOConfig, *, force_resume: bool = False, overwrite: bool = False) -> FolderPlan:
+    """Decide what to do with ``cfg.output_dir``; raise :class:`RunConflictError` for a changed config.
+
+    * nothing there (or only files that are not a run's): a new run;
+    * ``overwrite`` (``--overwrite``), or ``cfg.resume`` false: start over (the caller removes :func:`run_files`);
+    * a run whose config equals ``cfg`` in every field but :data:`RESUME_SAFE_FIELDS`: continue it;
+    * a run with another config: ``RunConflictError`` listing the differing fields, unless ``force_resume``
+      (``--resume``), which continues it with the new config.
+
+    The folder's config is its ``config.yaml`` (the config of the last accepted run there), else the newest
+    checkpoint's. Nothing is written here.
+    """
+    out = Path(cfg.output_dir)
+    if force_resume and overwrite:
+        raise ValueError("invalid arguments --resume and --overwrite: choose one (continue the run in output_dir, or "
+                         "delete it and start over)")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"invalid config field output_dir={cfg.output_dir!r}: a file is in the way; expected a "
+                         "folder (new or holding a run)")
+    if not holds_run(out):
+        return FolderPlan("new")
+    if overwrite or not cfg.resume:
+        return FolderPlan("overwrite")
+    stored, source = _stored_config(out)
+    if stored is None:
+        return FolderPlan("continue")
+    diffs = config_differences(stored, cfg)
+    if diffs and not force_resume:
+        lines = "\n".join(f"  {name}: {_short(old)} -> {_short(new)}" for name, old, new in diffs)
+        raise RunConflictError(
+            f"invalid config field output_dir={cfg.output_dir!r}: it holds a run with another config ({source}); "
+            f"{len(diffs)} field(s) differ:\n{lines}\n"
+            "Rerun with --resume to continue that run with the new config, with --overwrite to delete it and start "
+            "over, or choose another --output_dir. (Fields that may change freely: "
+            f"{', '.join(sorted(RESUME_SAFE_FIELDS))}.)"
+        )
+    return FolderPlan("continue", diffs, source)
+
+
+def config_differences(old: dict[str, Any], new: StarPOConfig,
+                       ignore: frozenset[str] | set[str] = RESUME_SAFE_FIELDS) -> list[tuple[str, Any, Any]]:
+    """``(field, old, new)`` for every field of ``new`` whose value differs from the saved config ``old`` (a dict as
+    ``config.yaml`` holds it), fields in ``ignore`` left out. The turn protocol is compared setting by setting after
+    resolving both (the env id's reference values filled in, protocol keys of ``env_kwargs`` moved into it), so the
+    same protocol written two ways is the same."""
+    a, b = _comparable(old), _comparable(new.to_dict())
+    out: list[tuple[str, Any, Any]] = []
+    for name in field_names():
+        if name in ignore:
+            continue
+        left, right = a.get(name, "(unset)"), b.get(name, "(unset)")
+        if name == "protocol" and isinstance(left, dict) and isinstance(right, dict):
+            for key in sorted(set(left) | set(right)):
+                if left.get(key, "(unset)") != right.get(key, "(unset)"):
+                    out.append((f"protocol.{key}", left.get(key, "(unset)"), right.get(key, "(unset)")))
+        elif left != right:
+            out.append((name, left, right))
+    return out
+
+
+def _comparable(data: dict[str, Any]) -> dict[str, Any]:
+    from ragen_envs.settings import FIELD_NAMES
+
+    known = {k: v for k, v in data.items() if k in set(field_names())}
+    try:
+        cfg = apply_overrides(StarPOConfig(), known)
+        out = cfg.to_dict()
+        out["protocol"] = cfg.protocol_settings().to_dict()
+        out["env_kwargs"] = {k: v for k, v in cfg.env_kwargs.items() if k not in FIELD_NAMES and k != "protocol"}
+        return out
+    except (ValueError, TypeError):  # a config of another version: compare what is there
+        return known
+
+
+def _stored_config(out: Path) -> tuple[dict[str, Any] | None, str | None]:
+    import yaml
+
+    path = out / "config.yaml"
+    if path.is_file():
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError):
+            data = None
+        if isinstance(data, dict):
+            return data, str(path)
+    from ragen_trainer.models import list_checkpoints, read_checkpoint_info
+
+    for _, folder in reversed(list_checkpoints(out)):
+        info = read_checkpoint_info(folder).get("config")
+        if isinstance(info, dict):
+            return info, str(folder)
+    return None, None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -9,7 +9,9 @@ well under a second and need no network. The GGUF's chat template (ChatML) is ke
 LoRA (through ``peft``) is an option: pass ``lora=LoraSettings(...)`` (or a dict of its fields).
 
 A *ragen checkpoint* is a folder the trainer saved: Hugging Face format (``from_pretrained`` loads it) plus a
-``ragen_checkpoint.json`` marker (:data:`CHECKPOINT_MARKER`); :func:`is_ragen_checkpoint` tells one apart. A folder
+``ragen_checkpoint.json`` marker (:data:`CHECKPOINT_MARKER`); :func:`is_ragen_checkpoint` tells one apart, and
+:func:`checkpoint_problems` says, without loading a tensor, whether one is whole (every file there, JSON readable,
+safetensors complete). :func:`check_model_source` checks a model name or folder without loading it. A folder
 holding a ``peft`` adapter (``adapter_config.json``) loads its base model and the adapter on top.
 """
 
@@ -19,6 +21,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, fields
@@ -135,10 +138,11 @@ def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def write_checkpoint_marker(path: str | os.PathLike[str], info: dict[str, Any] | None = None) -> Path:
-    """Write :data:`CHECKPOINT_MARKER` into ``path`` (after the model was saved there); returns the marker's path."""
-    marker = Path(path) / CHECKPOINT_MARKER
-    marker.write_text(json.dumps(info or {}, indent=2, default=str), encoding="utf-8")
-    return marker
+    """Write :data:`CHECKPOINT_MARKER` into ``path`` (after the model was saved there), atomically; returns the
+    marker's path."""
+    from ragen_trainer.fileio import atomic_write_text
+
+    return atomic_write_text(Path(path) / CHECKPOINT_MARKER, json.dumps(info or {}, indent=2, default=str) + "\n")
 
 
 def default_gguf_path() -> Path:
@@ -434,6 +438,257 @@ def _load_error(model: str | None, exc: Exception) -> ModelLoadError:
     )
 
 
+# ---------------------------------------------------------------------------------------------- checkpoint checks
+#: Folder names of the trainer's checkpoints (``checkpoint-<optimizer step>``), as ``transformers`` names them.
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+#: A save in progress is written to ``<output_dir>/.saving-checkpoint-N`` and renamed to ``checkpoint-N`` when whole;
+#: a folder with this prefix is an unfinished save (the process was killed while saving).
+STAGING_PREFIX = ".saving-"
+#: A checkpoint that failed verification is renamed ``broken-checkpoint-N`` (kept for inspection, never loaded).
+BROKEN_PREFIX = "broken-"
+#: Files of the trainer's state that a checkpoint needs to resume training (besides the model and the marker).
+TRAINER_STATE_FILE = "trainer_state.json"
+_SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024
+
+
+def checkpoint_problems(path: str | os.PathLike[str], *, training_state: bool = True) -> list[str]:
+    """What is wrong with the checkpoint folder ``path``: an empty list when it is whole.
+
+    Checked without loading any tensor (milliseconds, whatever the model's size): the marker
+    (:data:`CHECKPOINT_MARKER`) and ``config.json`` / ``adapter_config.json`` are JSON objects; every weights file
+    (``model.safetensors``, the shards of a sharded index, ``adapter_model.safetensors``, ``critic.safetensors`` when
+    the marker names a critic) has a readable safetensors header and exactly the size that header announces (a
+    truncated or half-copied file fails); with ``training_state`` (what resuming needs) also ``trainer_state.json``,
+    and the optimizer, scheduler and RNG states are complete torch files (or the folder holds a DeepSpeed state).
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        return [f"{folder} is not a folder"]
+    problems: list[str] = []
+    marker, why = _json_object(folder / CHECKPOINT_MARKER)
+    if why:
+        problems.append(why)
+    deepspeed_state = (folder / "latest").is_file()
+    if (folder / "adapter_config.json").is_file():
+        _, why = _json_object(folder / "adapter_config.json")
+        problems += [why] if why else []
+        problems += _weights_problems(folder, "adapter_model", required=not deepspeed_state)
+    elif (folder / "config.json").is_file():
+        _, why = _json_object(folder / "config.json")
+        problems += [why] if why else []
+        problems += _weights_problems(folder, "model", required=not deepspeed_state)
+    else:
+        problems.append("config.json (or adapter_config.json) is missing")
+    if marker is not None and marker.get("critic"):
+        problems += _safetensors_problems(folder / "critic.safetensors")
+    if training_state:
+        state, why = _json_object(folder / TRAINER_STATE_FILE)
+        if why:
+            problems.append(why)
+        elif not isinstance(state.get("global_step"), int):
+            problems.append(f"{TRAINER_STATE_FILE} has no global_step")
+        else:
+            match = CHECKPOINT_PATTERN.match(folder.name)
+            if match and int(match.group(1)) != state["global_step"]:
+                problems.append(f"{TRAINER_STATE_FILE} is of step {state['global_step']}, not {match.group(1)}")
+        if not deepspeed_state:
+            for name in ("optimizer.pt", "scheduler.pt"):
+                problems += _torch_file_problems(folder / name)
+            rng = sorted(folder.glob("rng_state*.pth"))
+            if not rng:
+                problems.append("rng_state.pth is missing")
+            for file in rng:
+                problems += _torch_file_problems(file)
+    return problems
+
+
+def list_checkpoints(output_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
+    """``(optimizer step, folder)`` of every ``checkpoint-N`` folder in ``output_dir``, oldest first."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = []
+    for child in folder.iterdir():
+        match = CHECKPOINT_PATTERN.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def newest_good_checkpoint(
+    output_dir: str | os.PathLike[str], *, training_state: bool = True
+) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
+    """The newest checkpoint of ``output_dir`` that passes :func:`checkpoint_problems`, and the newer ones that did
+    not, each with its problems (``(None, [...])`` when none is whole)."""
+    bad: list[tuple[Path, list[str]]] = []
+    for _, folder in reversed(list_checkpoints(output_dir)):
+        problems = checkpoint_problems(folder, training_state=training_state)
+        if not problems:
+            return folder, bad
+        bad.append((folder, problems))
+    return None, bad
+
+
+def unfinished_saves(output_dir: str | os.PathLike[str]) -> list[Path]:
+    """Folders of saves that never finished (``.saving-*``: the process died while writing them)."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.name.startswith(STAGING_PREFIX) and p.is_dir())
+
+
+def _json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    if not path.is_file():
+        return None, f"{path.name} is missing"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"{path.name} is not valid JSON ({str(exc)[:80]})"
+    if not isinstance(data, dict):
+        return None, f"{path.name} is not a JSON object"
+    return data, None
+
+
+def _weights_problems(folder: Path, stem: str, *, required: bool) -> list[str]:
+    single = folder / f"{stem}.safetensors"
+    index = folder / f"{stem}.safetensors.index.json"
+    if single.is_file():
+        return _safetensors_problems(single)
+    if index.is_file():
+        data, why = _json_object(index)
+        if why:
+            return [why]
+        shards = sorted(set((data.get("weight_map") or {}).values()))
+        if not shards:
+            return [f"{index.name} lists no weight files"]
+        return [p for shard in shards for p in _safetensors_problems(folder / str(shard))]
+    for name in (f"{stem}.bin", "pytorch_model.bin"):  # saved with safe_serialization=False
+        if (folder / name).is_file():
+            return _torch_file_problems(folder / name)
+    return [f"{single.name} is missing"] if required else []
+
+
+def _safetensors_problems(path: Path) -> list[str]:
+    """A safetensors file: 8-byte little-endian header length, a JSON header, then exactly the announced bytes."""
+    if not path.is_file():
+        return [f"{path.name} is missing"]
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return [f"{path.name} is truncated ({size} bytes, no safetensors header)"]
+            length = int.from_bytes(head, "little")
+            if length > min(_SAFETENSORS_HEADER_LIMIT, size - 8):
+                why = f"header of {length} bytes, file of {size}"
+                return [f"{path.name} is truncated or not a safetensors file ({why})"]
+            header = json.loads(fh.read(length).decode("utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        return [f"{path.name} has an unreadable safetensors header ({str(exc)[:80]})"]
+    if not isinstance(header, dict):
+        return [f"{path.name} has an unreadable safetensors header"]
+    end = 0
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            return [f"{path.name} has an unreadable safetensors header (tensor {key!r})"]
+        end = max(end, offsets[1])
+    expected = 8 + length + end
+    if size != expected:
+        return [f"{path.name} is truncated ({size} of {expected} bytes)" if size < expected
+                else f"{path.name} has {size - expected} bytes more than its header announces"]
+    return []
+
+
+def _torch_file_problems(path: Path) -> list[str]:
+    """A ``torch.save`` file (a zip archive): complete when its central directory, at the very end, is readable."""
+    import zipfile
+
+    if not path.is_file():
+        return [f"{path.name} is missing"]
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        return [f"{path.name} is truncated or not a torch file ({str(exc)[:60]})"]
+    return []
+
+
+# ---------------------------------------------------------------------------------------------- model checks
+def check_model_source(model: str | None) -> str:
+    """Check, without loading anything, that ``model`` can be loaded; return what it is (for messages).
+
+    ``'smollm2'`` (and the other names of :data:`DEFAULT_MODEL`) needs the bundled GGUF package; a local folder must
+    hold ``config.json`` (or a peft ``adapter_config.json`` whose base model passes this check); anything else must
+    be a Hugging Face hub id that is in the local Hugging Face cache (looked up offline), or -- when the hub can be
+    reached and ``HF_HUB_OFFLINE`` is not set -- that the hub can serve. Raises ``ValueError`` naming the field
+    ``model`` and what it accepts.
+    """
+    accepts = ("'smollm2' (the bundled SmolLM2-135M-Instruct), a local model folder, or a Hugging Face id in the "
+               "local cache")
+    if is_default_model(model):
+        try:
+            default_gguf_path()
+        except ModelLoadError as exc:
+            raise ValueError(f"invalid config field model={model!r}: {exc}") from None
+        return "the bundled model"
+    assert model is not None
+    text = str(model)
+    if text.strip() == "":
+        raise ValueError(f"invalid config field model={text!r}: expected {accepts}")
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"invalid config field model={text!r}: {path} is a file; expected a model folder "
+                             "(config.json + weights) or a hub id")
+        if (path / "adapter_config.json").is_file():
+            adapter, why = _json_object(path / "adapter_config.json")
+            base = (adapter or {}).get("base_model_name_or_path")
+            if why or not base:
+                why = why or "adapter_config.json names no base model"
+                raise ValueError(f"invalid config field model={text!r}: {why}")
+            try:
+                check_model_source(str(base))
+            except ValueError as exc:
+                raise ValueError(f"invalid config field model={text!r}: its base model: {exc}") from None
+            return "a local adapter folder"
+        if not (path / "config.json").is_file():
+            raise ValueError(f"invalid config field model={text!r}: the folder {path} holds no config.json; expected "
+                             "a folder a model was saved to (save_pretrained), or a hub id")
+        _, why = _json_object(path / "config.json")
+        if why:
+            raise ValueError(f"invalid config field model={text!r}: {why}")
+        return "a local folder"
+    looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1 or os.sep != "/" and os.sep in text
+    if looks_like_path:
+        raise ValueError(f"invalid config field model={text!r}: no such folder; expected {accepts}")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        raise ValueError(f"invalid config field model={text!r}: neither an existing folder nor a valid Hugging Face "
+                         f"id (like 'Qwen/Qwen2.5-0.5B-Instruct'); expected {accepts}") from None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(text, "config.json")
+    if isinstance(cached, str) and Path(cached).is_file():
+        return "a hub id in the local cache"
+    offline = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE")
+    if offline or not _hub_reachable():
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        raise ValueError(
+            f"invalid config field model={text!r}: not a local folder, and not in the local Hugging Face cache "
+            f"({HF_HUB_CACHE}){' with HF_HUB_OFFLINE set' if offline else ', and the hub cannot be reached'}; "
+            f"download it once where there is network (huggingface-cli download {text}), pass a local folder, or "
+            f"use --model smollm2 (bundled, offline)"
+        )
+    return "a hub id (to download)"
+
+
 def model_summary(model: Any) -> dict[str, Any]:
     """Parameter counts (total / trainable), dtype and device, for logs."""
     params = list(model.parameters())
@@ -450,15 +705,20 @@ __all__ = [
     "DEFAULT_MODEL",
     "LoraSettings",
     "ModelLoadError",
+    "check_model_source",
+    "checkpoint_problems",
     "convert_default_model",
     "default_gguf_path",
     "is_default_model",
     "is_ragen_checkpoint",
+    "list_checkpoints",
     "load_model_and_tokenizer",
     "load_tokenizer",
     "model_summary",
+    "newest_good_checkpoint",
     "prepare_tokenizer",
     "read_checkpoint_info",
     "stop_token_ids",
+    "unfinished_saves",
     "write_checkpoint_marker",
 ]

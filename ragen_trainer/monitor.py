@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_envs.core import check_arg
+from ragen_trainer.fileio import append_line, atomic_write_text
 from ragen_trainer.filtering import in_group_std
 from ragen_trainer.trajectory import RolloutBatch
 
@@ -406,7 +407,13 @@ class MetricsLogger:
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
         self.jsonl_path = self.output_dir / "metrics.jsonl"
-        self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
+        # Each record is appended with one write + fsync (fileio.append_line): a crash leaves whole lines. A torn
+        # last line (a disk that tore it) gets its newline here, so the next record starts a line of its own.
+        if self.jsonl_path.is_file() and self.jsonl_path.stat().st_size > 0:
+            with open(self.jsonl_path, "rb") as fh:
+                fh.seek(-1, os.SEEK_END)
+                if fh.read(1) != b"\n":
+                    append_line(self.jsonl_path, "")
         self.total_steps = total_steps
         self._console_state = _ConsoleState()
         self._console = None
@@ -443,8 +450,7 @@ class MetricsLogger:
                 record[str(key)] = _jsonable(value)
         if warnings:
             record["warnings"] = warnings
-        self._jsonl.write(json.dumps(record, allow_nan=False, default=str) + "\n")
-        self._jsonl.flush()
+        append_line(self.jsonl_path, json.dumps(record, allow_nan=False, default=str))
 
         if self._tb is not None:
             for key, value in scalars.items():
@@ -492,8 +498,7 @@ class MetricsLogger:
 
     def log_text(self, message: str, step: int | None = None) -> None:
         """A free-text note (console and JSONL), e.g. 'checkpoint saved'."""
-        self._jsonl.write(json.dumps({"step": step, "time": time.time(), "note": message}) + "\n")
-        self._jsonl.flush()
+        append_line(self.jsonl_path, json.dumps({"step": step, "time": time.time(), "note": message}))
         if self._console is not None:
             self._print_lines([(message, False)])
 
@@ -501,7 +506,6 @@ class MetricsLogger:
         if self._closed:
             return
         self._closed = True
-        self._jsonl.close()
         if self._tb is not None:
             self._tb.flush()
             self._tb.close()
@@ -513,6 +517,47 @@ class MetricsLogger:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def read_metrics(path: str | os.PathLike[str], *, notes: bool = False) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``, in order. Lines that are not a JSON object (a torn last line after a
+    crash) are skipped; free-text notes (``"note"`` records) only with ``notes``. A missing file is ``[]``."""
+    out: list[dict[str, Any]] = []
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return out
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and (notes or "note" not in record):
+            out.append(record)
+    return out
+
+
+def truncate_metrics(path: str | os.PathLike[str], last_step: int) -> int:
+    """Keep the records of ``metrics.jsonl`` up to ``last_step`` (those a resumed run does not write again) and drop
+    the later ones and any torn line, atomically; returns how many lines were dropped (0: the file is untouched)."""
+    file = Path(path)
+    if not file.is_file():
+        return 0
+    kept: list[str] = []
+    dropped = 0
+    for line in file.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        step = record.get("step") if isinstance(record, dict) else None
+        if not isinstance(record, dict) or (isinstance(step, (int, float)) and step > last_step):
+            dropped += 1
+            continue
+        kept.append(line)
+    if dropped:
+        atomic_write_text(file, "".join(line + "\n" for line in kept))
+    return dropped
 
 
 def _fmt(value: float, width: int) -> str:
@@ -569,5 +614,7 @@ __all__ = [
     "EchoTrapMonitor",
     "EchoTrapThresholds",
     "MetricsLogger",
+    "read_metrics",
     "rollout_metrics",
+    "truncate_metrics",
 ]

@@ -21,6 +21,13 @@ critic would each need most of its methods replaced. The parts TRL adds on top o
 reused directly (``unwrap_model_for_generation`` for ZeRO-3 generation, ``prepare_deepspeed`` for the reference
 model), and everything that makes ``accelerate launch``, DDP and DeepSpeed work comes from ``Trainer`` unchanged.
 
+Checkpoints and faults: ``checkpoint-N`` is written to ``.saving-checkpoint-N``, flushed, verified and renamed into
+place, so it is whole or absent; SIGINT / SIGTERM during a save wait for it. On start, :meth:`StarPOTrainer.train`
+checks the output folder (a changed config is refused unless ``force_resume`` / ``overwrite``), removes unfinished
+saves, skips checkpoints that fail :func:`ragen_trainer.models.checkpoint_problems` (renamed
+``broken-checkpoint-N``, with a warning), resumes from the newest whole one, and cuts ``metrics.jsonl`` back to its
+step so no step is logged twice.
+
 Multi-process rules kept here: every collective (gather of trajectories and scores, metric reduction) is called on
 every process in the same order; only the main process writes files; every process runs the same number of
 micro-batches per step (a process with nothing to train gets a zero-weight micro-batch, so DDP's all-reduce meets).
@@ -28,10 +35,15 @@ micro-batches per step (a process with nothing to train gets a zero-weight micro
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
+import shutil
 import signal
+import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -42,11 +54,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_callback import ExportableState, PrinterCallback, ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ragen_trainer.advantages import bilevel_gae_advantages, gae_advantages, grpo_advantages, masked_whiten
-from ragen_trainer.config import StarPOConfig
+from ragen_trainer.config import FolderPlan, StarPOConfig, check_output_folder, run_files
 from ragen_trainer.critic import (
     CRITIC_ATTR,
     attach_critic,
@@ -56,6 +68,7 @@ from ragen_trainer.critic import (
     save_critic,
     split_state_dict,
 )
+from ragen_trainer.fileio import atomic_write_json
 from ragen_trainer.filtering import filter_groups
 from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, value_loss
 from ragen_trainer.rollout import placed_rewards
@@ -68,6 +81,8 @@ TRAIN_SEED_STRIDE = 10_000_019
 #: The Echo Trap monitor's history, saved in every checkpoint folder.
 MONITOR_FILE = "echo_trap_monitor.json"
 
+logger = logging.getLogger(__name__)
+
 
 @dataclass
 class TrainResult:
@@ -79,6 +94,11 @@ class TrainResult:
     final_model: str | None
     metrics: dict[str, float] = field(default_factory=dict)
     history: list[dict[str, float]] = field(default_factory=list)
+    resumed_from: str | None = None
+    """The checkpoint this run started from (``None``: from the initial model)."""
+    skipped_checkpoints: dict[str, list[str]] = field(default_factory=dict)
+    """Checkpoints newer than ``resumed_from`` that failed verification (renamed ``broken-checkpoint-N``), each
+    with what was wrong."""
 
 
 class _StepDataset(Dataset):
@@ -249,6 +269,8 @@ class StarPOTrainer(Trainer):
         self._monitor = None
         self._logger = None
         self._last_logged_step = -1
+        self._defer_depth = 0  # > 0 while a save runs with SIGINT / SIGTERM held back
+        self._deferred_signals: list[int] = []
 
     # ------------------------------------------------------------------------------------------ optimizer
     def create_optimizer(self, model: Any = None) -> Any:
@@ -678,8 +700,8 @@ class StarPOTrainer(Trainer):
         torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
         self.cfg.save(os.path.join(output_dir, "ragen_config.yaml"))
         # The Echo Trap monitor judges trends (a std cliff against its recent peak), so a resumed run needs its history.
-        with open(os.path.join(output_dir, MONITOR_FILE), "w", encoding="utf-8") as fh:
-            json.dump(self._echo_monitor().state_dict(), fh)
+        atomic_write_json(os.path.join(output_dir, MONITOR_FILE), _finite(self._echo_monitor().state_dict()),
+                          indent=None)
         write_checkpoint_marker(output_dir, {
             "step": self.state.global_step // self.cfg.ppo_epochs,
             "optimizer_steps": self.state.global_step,
@@ -690,6 +712,114 @@ class StarPOTrainer(Trainer):
             "config": self.cfg.to_dict(),
         })
 
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """``checkpoint-N`` written whole or not at all: everything goes to ``.saving-checkpoint-N``, is flushed to
+        disk and verified, then renamed into place (a rename is atomic). SIGINT / SIGTERM wait for the save to
+        finish (a second Ctrl-C does not break it); the run stops right after it."""
+        with self._signals_held():
+            self._save_checkpoint_atomic()
+
+    def _save_checkpoint_atomic(self) -> None:
+        from ragen_trainer.models import STAGING_PREFIX, checkpoint_problems
+
+        self.store_flos()
+        run_dir = self.args.output_dir
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        final = os.path.join(run_dir, name)
+        staging = os.path.join(run_dir, STAGING_PREFIX + name)
+        main = self.args.should_save
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        try:
+            self.save_model(staging, _internal_call=True)
+            if not self.args.save_only_model:
+                self._save_optimizer_and_scheduler(staging)
+                self._save_scaler(staging)
+                self._save_rng_state(staging)
+            if main:
+                for cb in [c for c in self.callback_handler.callbacks + [self.control]
+                           if isinstance(c, ExportableState)]:
+                    cb_name, cb_state = cb.__class__.__name__, cb.state()
+                    if isinstance(self.state.stateful_callbacks.get(cb_name), list):
+                        self.state.stateful_callbacks[cb_name].append(cb_state)
+                    else:
+                        self.state.stateful_callbacks[cb_name] = cb_state
+                self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+            self.accelerator.wait_for_everyone()
+            if main:
+                _fsync_tree(staging)
+                problems = checkpoint_problems(staging)
+                if problems:
+                    raise OSError(f"the checkpoint written to {staging} does not verify: {'; '.join(problems)}")
+                _replace_folder(staging, final)
+        except BaseException:
+            if main:  # nothing half-written stays behind (a kill -9 leaves .saving-*, removed by the next run)
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.accelerator.wait_for_everyone()
+        if main:
+            rotate_checkpoints(output_dir=run_dir, save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+    def _save_final(self, final_dir: str) -> None:
+        """The trained policy to ``final/``, like a checkpoint: written aside, then renamed into place."""
+        from ragen_trainer.models import STAGING_PREFIX
+
+        staging = os.path.join(os.path.dirname(final_dir) or ".", STAGING_PREFIX + os.path.basename(final_dir))
+        main = self.args.should_save
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        try:
+            self.save_model(staging)
+            self.accelerator.wait_for_everyone()
+            if main:
+                _fsync_tree(staging)
+                _replace_folder(staging, final_dir)
+        except BaseException:
+            if main:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.accelerator.wait_for_everyone()
+
+    @contextlib.contextmanager
+    def _signals_held(self, *, stop_after: bool = True) -> Any:
+        """Hold SIGINT and SIGTERM back while the body runs (a save): each one received prints that the save is
+        finishing; with ``stop_after``, ``KeyboardInterrupt`` is raised once the body is done, so the run stops as
+        the signal asked. Nested uses share the outermost one."""
+        if self._defer_depth > 0 or threading.current_thread() is not threading.main_thread():
+            self._defer_depth += 1
+            try:
+                yield
+            finally:
+                self._defer_depth -= 1
+            return
+
+        def hold(signum: int, frame: Any) -> None:
+            self._deferred_signals.append(signum)
+            name = signal.Signals(signum).name
+            print(f"\n{name} received while a checkpoint is being saved: waiting for the save to "
+                  "finish, then stopping (a kill -9 now would lose only this save, not the earlier checkpoints)",
+                  file=sys.stderr, flush=True)
+
+        previous = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                previous[sig] = signal.signal(sig, hold)
+            except (ValueError, OSError):  # pragma: no cover - not settable here
+                pass
+        self._defer_depth += 1
+        try:
+            yield
+        finally:
+            self._defer_depth -= 1
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        received, self._deferred_signals = self._deferred_signals, []
+        if stop_after and received:
+            raise KeyboardInterrupt(f"signal {received[0]} during a checkpoint save")
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         load_critic(self.accelerator.unwrap_model(model if model is not None else self.model), resume_from_checkpoint)
@@ -697,21 +827,98 @@ class StarPOTrainer(Trainer):
         if monitor_state.is_file():
             self._echo_monitor().load_state_dict(json.loads(monitor_state.read_text(encoding="utf-8")))
 
-    # ------------------------------------------------------------------------------------------ train
-    def train(self, resume_from_checkpoint: str | bool | None = None, **kwargs: Any) -> TrainResult:  # type: ignore[override]
-        """Train, resuming from the last checkpoint in ``output_dir`` when ``config.resume``; Ctrl-C saves first.
+    # ------------------------------------------------------------------------------------------ the output folder
+    def _prepare_output_dir(self, resume_from_checkpoint: str | bool | None, *, force_resume: bool,
+                            overwrite: bool) -> tuple[str | None, dict[str, list[str]]]:
+        """Check the output folder against the config, clean it, and choose the checkpoint to resume from.
 
-        Returns a :class:`TrainResult`; ``summary.json`` in ``output_dir`` holds the same.
+        Every process checks (so all raise alike); the main process removes an old run (``--overwrite``), leftovers
+        of saves that never finished, and renames checkpoints that fail verification to ``broken-checkpoint-N``
+        (with a warning naming each and why), then cuts ``metrics.jsonl`` back to the resumed step. Returns the
+        checkpoint (or ``None``) and the skipped ones with their problems.
+        """
+        from ragen_trainer.models import BROKEN_PREFIX, checkpoint_problems, newest_good_checkpoint, unfinished_saves
+        from ragen_trainer.monitor import truncate_metrics
+
+        cfg = self.cfg
+        out_dir = Path(cfg.output_dir)
+        explicit = resume_from_checkpoint if isinstance(resume_from_checkpoint, (str, os.PathLike)) else None
+        if explicit is not None:
+            problems = checkpoint_problems(explicit)
+            if problems:
+                raise ValueError(f"invalid argument resume_from_checkpoint={str(explicit)!r}: the checkpoint is not "
+                                 f"whole: {'; '.join(problems)}")
+            plan = FolderPlan("continue")
+        elif resume_from_checkpoint is False:
+            plan = check_output_folder(cfg, overwrite=True)
+        else:
+            plan = check_output_folder(cfg, force_resume=force_resume, overwrite=overwrite)
+        main = self.accelerator.is_main_process
+        skipped: dict[str, list[str]] = {}
+        if main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if plan.action == "overwrite":
+                old = run_files(out_dir)
+                for path in old:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                logger.warning("starting over in %s: removed the previous run's %s", out_dir,
+                               ", ".join(p.name for p in old) or "files")
+            for folder in unfinished_saves(out_dir):
+                logger.warning("warning: removing %s, a checkpoint save that never finished (the run was killed while "
+                               "saving it)", folder)
+                shutil.rmtree(folder, ignore_errors=True)
+            if plan.differences:
+                logger.warning("warning: continuing the run in %s with a changed config (--resume): %s", out_dir,
+                               ", ".join(f"{n} {o!r} -> {v!r}" for n, o, v in plan.differences))
+            if explicit is None and plan.action == "continue":
+                good, bad = newest_good_checkpoint(out_dir)
+                for folder, problems in bad:
+                    skipped[folder.name] = problems
+                    target = _free_name(folder.parent / (BROKEN_PREFIX + folder.name))
+                    os.replace(folder, target)
+                    logger.warning("warning: checkpoint %s is not whole (%s): skipped, renamed to %s", folder,
+                                   "; ".join(problems), target.name)
+                if bad:
+                    logger.warning("warning: resuming from %s instead", good if good is not None else
+                                   "the initial model (no whole checkpoint left)")
+            cfg.save(out_dir / "config.yaml")
+        self.accelerator.wait_for_everyone()
+        if explicit is not None:
+            checkpoint: str | None = str(explicit)
+        elif plan.action == "continue":
+            good, _ = newest_good_checkpoint(out_dir)
+            checkpoint = str(good) if good is not None else None
+        else:
+            checkpoint = None
+        if main:
+            resumed_step = _checkpoint_step(checkpoint, cfg.ppo_epochs) if checkpoint else 0
+            dropped = truncate_metrics(out_dir / "metrics.jsonl", resumed_step)
+            if dropped:
+                logger.info("metrics.jsonl: dropped %d line(s) after step %d (they are trained again)", dropped,
+                            resumed_step)
+        self.accelerator.wait_for_everyone()
+        return checkpoint, skipped
+
+    # ------------------------------------------------------------------------------------------ train
+    def train(  # type: ignore[override]
+        self, resume_from_checkpoint: str | bool | None = None, *, force_resume: bool = False,
+        overwrite: bool = False, **kwargs: Any,
+    ) -> TrainResult:
+        """Train; Ctrl-C (or SIGTERM) saves a checkpoint first and returns with ``interrupted=True``.
+
+        What happens with ``output_dir`` (see :func:`ragen_trainer.config.check_output_folder`): a run there whose
+        config matches is continued from its newest checkpoint that verifies (newer broken ones are skipped with a
+        warning); a changed config raises :class:`~ragen_trainer.config.RunConflictError` unless ``force_resume``
+        (continue with the new config) or ``overwrite`` (delete the old run, start over; also what
+        ``config.resume=False`` and ``resume_from_checkpoint=False`` mean). ``resume_from_checkpoint`` may also name
+        a checkpoint folder, which must verify. Returns a :class:`TrainResult`; ``summary.json`` holds the same.
         """
         cfg = self.cfg
         out_dir = Path(cfg.output_dir)
-        if self.accelerator.is_main_process:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            cfg.save(out_dir / "config.yaml")
-        wants_last = resume_from_checkpoint is True or (resume_from_checkpoint is None and cfg.resume)
-        if wants_last:
-            resume_from_checkpoint = get_last_checkpoint(str(out_dir)) if out_dir.is_dir() else None
-        resume_from_checkpoint = resume_from_checkpoint or None
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = None
+        resume_from_checkpoint, skipped = self._prepare_output_dir(resume_from_checkpoint, force_resume=force_resume,
+                                                                   overwrite=overwrite)
 
         # SIGTERM (a scheduler's stop) is handled like Ctrl-C: save, then exit cleanly.
         previous = None
@@ -721,58 +928,80 @@ class StarPOTrainer(Trainer):
             previous = None
         interrupted = False
         checkpoint = None
+        final_dir = None
+        final_metrics: dict[str, float] = {}
         t0 = time.perf_counter()
         try:
-            super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-        except KeyboardInterrupt:
-            interrupted = True
-            checkpoint = self._save_interrupted()
+            try:
+                super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+                if cfg.val_every:
+                    final_metrics = self.validate(self.state.global_step // cfg.ppo_epochs)
+                with self._signals_held(stop_after=False):  # the run is complete: a signal now only waits
+                    final_dir = str(out_dir / "final")
+                    self._save_final(final_dir)
+            except KeyboardInterrupt:
+                interrupted, final_dir, final_metrics = True, None, {}
+                with self._signals_held(stop_after=False):  # a second Ctrl-C waits for this save
+                    checkpoint = self._save_interrupted()
+            if not interrupted:
+                checkpoint = self._last_checkpoint()
+            result = TrainResult(
+                global_step=self.state.global_step // cfg.ppo_epochs,
+                interrupted=interrupted,
+                checkpoint=checkpoint,
+                final_model=final_dir,
+                metrics=final_metrics,
+                history=self.history,
+                resumed_from=resume_from_checkpoint,
+                skipped_checkpoints=skipped,
+            )
+            if self.accelerator.is_main_process:
+                with self._signals_held(stop_after=False):
+                    self._write_summary(result, time.perf_counter() - t0)
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
-        final_dir = None
-        final_metrics: dict[str, float] = {}
-        if not interrupted:
-            if cfg.val_every:
-                final_metrics = self.validate(self.state.global_step // cfg.ppo_epochs)
-            final_dir = str(out_dir / "final")
-            self.save_model(final_dir)
-            checkpoint = get_last_checkpoint(str(out_dir)) if out_dir.is_dir() else None
-        result = TrainResult(
-            global_step=self.state.global_step // cfg.ppo_epochs,
-            interrupted=interrupted,
-            checkpoint=checkpoint,
-            final_model=final_dir,
-            metrics=final_metrics,
-            history=self.history,
-        )
-        if self.accelerator.is_main_process:
-            summary = {
-                "env_id": cfg.env_id,
-                "model": cfg.model,
-                "steps": result.global_step,
-                "interrupted": interrupted,
-                "checkpoint": checkpoint,
-                "final_model": final_dir,
-                "wall_seconds": round(time.perf_counter() - t0, 2),
-                "final_validation": final_metrics,
-                "validation": self.val_history,
-                "last_metrics": self.history[-1] if self.history else {},
-            }
-            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=float), encoding="utf-8")
-            if self._logger is not None:
-                self._logger.close()
         return result
+
+    def _write_summary(self, result: TrainResult, seconds: float) -> None:
+        cfg = self.cfg
+        summary = {
+            "env_id": cfg.env_id,
+            "model": cfg.model,
+            "steps": result.global_step,
+            "interrupted": result.interrupted,
+            "checkpoint": result.checkpoint,
+            "final_model": result.final_model,
+            "resumed_from": result.resumed_from,
+            "skipped_checkpoints": result.skipped_checkpoints,
+            "wall_seconds": round(seconds, 2),
+            "final_validation": result.metrics,
+            "validation": self.val_history,
+            "last_metrics": self.history[-1] if self.history else {},
+        }
+        atomic_write_json(Path(cfg.output_dir) / "summary.json", _finite(summary), indent=2, default=float)
+        if self._logger is not None:
+            self._logger.close()
+
+    def _last_checkpoint(self) -> str | None:
+        from ragen_trainer.models import list_checkpoints
+
+        found = list_checkpoints(self.cfg.output_dir)
+        return str(found[-1][1]) if found else None
 
     def _save_interrupted(self) -> str | None:
         """Save a full checkpoint (weights, optimizer, scheduler, RNG, trainer state) at the last finished step."""
+        from ragen_trainer.models import checkpoint_problems
+
         if self.optimizer is None or self.state.global_step == 0:  # no step finished: the weights are the initial ones
             return None
         step = self.state.global_step // self.cfg.ppo_epochs
         if step > self._last_logged_step and self._pending:  # the finished step's metrics, before they are lost
             self._emit(step, {"step": float(step), **self._pending})
         self._buffer = None
-        folder = os.path.join(self.args.output_dir, f"checkpoint-{self.state.global_step}")
+        folder = os.path.join(self.args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        if os.path.isdir(folder) and not checkpoint_problems(folder):  # the signal came during this step's save
+            return folder
         self._save_checkpoint(self.model, trial=None)
         return folder
 
@@ -799,6 +1028,79 @@ class _PolicyView:
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _fsync_tree(folder: str) -> None:
+    """Flush every file under ``folder`` and the folders themselves to disk (before the rename that publishes it)."""
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as fh:
+                os.fsync(fh.fileno())
+        _fsync_dir(root)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # pragma: no cover - e.g. Windows
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def _replace_folder(staging: str, final: str) -> None:
+    """Put the finished folder ``staging`` at ``final``: one rename; an existing ``final`` (the same step saved
+    again) is moved aside first and removed after."""
+    from ragen_trainer.models import STAGING_PREFIX
+
+    parent = os.path.dirname(final) or "."
+    old = None
+    if os.path.exists(final):
+        old = os.path.join(parent, ".replaced-" + os.path.basename(final))
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(staging, final)
+    _fsync_dir(parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    assert not os.path.basename(final).startswith(STAGING_PREFIX)
+
+
+def _free_name(path: Path) -> Path:
+    """``path``, or ``path.1``, ``path.2``, ... : the first that does not exist."""
+    candidate, n = path, 0
+    while candidate.exists():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def _checkpoint_step(folder: str, ppo_epochs: int) -> int:
+    """The training step a checkpoint holds (its marker's ``step``; else the optimizer step in its name)."""
+    from ragen_trainer.models import CHECKPOINT_PATTERN, read_checkpoint_info
+
+    step = read_checkpoint_info(folder).get("step")
+    if isinstance(step, int):
+        return step
+    match = CHECKPOINT_PATTERN.match(Path(folder).name)
+    return int(match.group(1)) // max(ppo_epochs, 1) if match else 0
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by ``None`` (JSON has no NaN)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        return _finite(value.item())
+    return value
 
 
 def step_seeds(config: StarPOConfig, step: int) -> list[int]:

@@ -1,12 +1,14 @@
 """The HTTP server: HTML pages like the original's, a JSON API beside them, a health endpoint.
 
-Why the standard library's ``ThreadingHTTPServer``: it adds no dependency (the bundled WebShop should install with
-pip anywhere and start in a second), pages are small and rendered from strings, and the pre-fork design below gives
-real parallelism. Flask + waitress would add two packages for routing we need five lines for; uvicorn would add an
-event loop that the CPU-bound search and rendering do not benefit from.
+Standard library only: it adds no dependency (the bundled WebShop should install with pip anywhere and start in a
+second), pages are small and rendered from strings, and the pre-fork design below gives real parallelism. Requests
+are parsed by ``http.server.BaseHTTPRequestHandler``; connections are handled by :mod:`webshop_server.serving`, a
+selector loop that reads whole requests before a handler thread sees them, with limits on size, JSON depth and
+time, so slow or hostile clients cannot hold threads or starve others (see that module for why and how). Flask +
+waitress would add two packages for routing we need five lines for.
 
 Parallelism (``workers``): the listening socket is bound once, then ``workers`` processes are forked and each runs
-its own threaded accept loop on that socket (the pre-fork model of gunicorn). Sessions are stateless (see
+its own selector loop (and handler threads) on that socket (the pre-fork model of gunicorn). Sessions are stateless (see
 :mod:`webshop_server.shop`), so any process can answer any request and no sticky routing or shared store is
 needed; the catalog and the memory-mapped search index are shared copy-on-write.
 
@@ -26,33 +28,45 @@ Routes (GET, and POST with a form or JSON body):
 =====================================  ==========================================================================
 
 Bad input never gets a 5xx: malformed URLs, unknown sessions / products / options, huge or odd queries, bad bodies
-and unknown methods all get a 4xx with a message saying what was wrong and what is accepted.
+and unknown methods all get a 4xx with a message saying what was wrong and what is accepted; too large or too deep
+input, too slow clients and non-HTTP bytes get a 4xx whose JSON body names the limit (``{"error", "status",
+"limit"}``). Static files carry an ETag and Last-Modified and are revalidated (304).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
 import threading
 import time
+from email.utils import formatdate, parsedate_to_datetime
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
+from itertools import accumulate
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 from urllib.parse import parse_qsl, quote
 
 from webshop_server.render import OBSERVATION_MODES, render
+from webshop_server.serving import Limits, SelectorHTTPServer, run_handler
 from webshop_server.shop import PageState, Shop, ShopError, split_target
 
 log = logging.getLogger("webshop_server")
 
-MAX_BODY_BYTES = 64 * 1024
-MAX_CONCURRENT_CONNECTIONS = 256
+DEFAULT_LIMITS = Limits()
+MAX_BODY_BYTES = DEFAULT_LIMITS.max_body_bytes
+MAX_JSON_DEPTH = DEFAULT_LIMITS.max_json_depth
+MAX_CONCURRENT_CONNECTIONS = DEFAULT_LIMITS.max_connections
+STATIC_CACHE_CONTROL = "no-cache"  # browsers may keep the files but revalidate each use (a 304 when unchanged)
 CSP = (
     "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; "
     "frame-ancestors 'none'; form-action 'self'; base-uri 'none'"
@@ -61,47 +75,73 @@ _STATIC = {"style.css": "text/css; charset=utf-8", "webshop.js": "text/javascrip
 
 
 def _static_bytes() -> dict[str, bytes]:
+    return {name: data for name, (data, _mtime) in _static_files().items()}
+
+
+def _static_files() -> dict[str, tuple[bytes, float | None]]:
+    """Each static file's bytes and modification time (None when it cannot be known)."""
     # Next to this module first: importlib.resources.files() raises NotADirectoryError when the package is imported
     # as a namespace package (an editable install made before the package had its __init__.py).
     here = Path(__file__).resolve().parent / "static"
     if all((here / name).is_file() for name in _STATIC):
-        return {name: (here / name).read_bytes() for name in _STATIC}
+        return {name: ((here / name).read_bytes(), (here / name).stat().st_mtime) for name in _STATIC}
     root = resources.files("webshop_server") / "static"
-    return {name: (root / name).read_bytes() for name in _STATIC}
+    return {name: ((root / name).read_bytes(), None) for name in _STATIC}
 
 
-class WebShopHTTPServer(ThreadingHTTPServer):
-    """A threaded HTTP server with a bound on concurrent connections."""
+class StaticFile:
+    """A static file with its validators: a strong ETag (hash of the bytes) and Last-Modified."""
 
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+    __slots__ = ("ctype", "data", "etag", "last_modified", "mtime")
 
-    def __init__(self, address: tuple[str, int], shop: Shop, *, access_log: bool = False, workers: int = 1) -> None:
+    def __init__(self, data: bytes, ctype: str, mtime: float) -> None:
+        self.data, self.ctype = data, ctype
+        self.etag = '"' + hashlib.sha256(data).hexdigest()[:20] + '"'
+        self.mtime = int(mtime)
+        self.last_modified = formatdate(self.mtime, usegmt=True)
+
+    def not_modified(self, if_none_match: str | None, if_modified_since: str | None) -> bool:
+        """RFC 9110 13.1: If-None-Match (weak comparison) decides when present, else If-Modified-Since."""
+        if if_none_match is not None:
+            tags = [t.strip() for t in if_none_match.split(",")]
+            return "*" in tags or any(t.removeprefix("W/") == self.etag for t in tags)
+        if if_modified_since:
+            try:
+                since = parsedate_to_datetime(if_modified_since)
+            except (TypeError, ValueError, IndexError, OverflowError):
+                return False
+            if since is None or since.tzinfo is None:
+                return False
+            return self.mtime <= since.timestamp()
+        return False
+
+
+class LimitError(ShopError):
+    """A request over one of the server's limits; the JSON error body names it (``"limit": {name: value}``)."""
+
+    def __init__(self, status: int, message: str, limit: dict[str, Any]) -> None:
+        super().__init__(status, message)
+        self.limit = limit
+
+
+class WebShopHTTPServer(SelectorHTTPServer):
+    """The shop's HTTP server: :class:`~webshop_server.serving.SelectorHTTPServer` running :class:`WebShopHandler`."""
+
+    server_version = "WebShop/ragen"
+
+    def __init__(self, address: tuple[str, int], shop: Shop, *, access_log: bool = False, workers: int = 1,
+                 limits: Limits | None = None) -> None:  # fmt: skip
         self.shop = shop
         self.access_log = access_log
         self.workers = workers
         self.started = time.time()
         self.static = _static_bytes()
-        self._slots = threading.BoundedSemaphore(MAX_CONCURRENT_CONNECTIONS)
-        super().__init__(address, WebShopHandler)
+        self.static_files = {name: StaticFile(data, _STATIC[name], mtime if mtime is not None else self.started)
+                             for name, (data, mtime) in _static_files().items()}  # fmt: skip
+        super().__init__(address, limits)
 
-    def process_request(self, request, client_address):  # noqa: ANN001 - socketserver signature
-        self._slots.acquire()
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):  # noqa: ANN001
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request, client_address):  # noqa: ANN001
-        log.debug("connection error from %s", client_address, exc_info=True)
+    def handle_request_bytes(self, data: bytes, client_address: Any, force_close: bool) -> tuple[bytes, bool]:
+        return run_handler(WebShopHandler, self, data, client_address, force_close)
 
     @property
     def url(self) -> str:
@@ -110,19 +150,31 @@ class WebShopHTTPServer(ThreadingHTTPServer):
 
 
 class WebShopHandler(BaseHTTPRequestHandler):
+    """Answers one complete request held in memory (``rfile``/``wfile`` are buffers; see ``serving.run_handler``)."""
+
     server: WebShopHTTPServer
     protocol_version = "HTTP/1.1"
     server_version = "WebShop/ragen"
     sys_version = ""
-    timeout = 30  # per-connection socket timeout: a slow client cannot hold a thread forever
+    force_close = False  # set per request: the body's length was unknown, so the connection must close after it
 
     # -------------------------------------------------------------- plumbing
-    def setup(self) -> None:
-        super().setup()
-        try:
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
+    def parse_request(self) -> bool:
+        if not self.raw_requestline.strip():
+            self.command, self.requestline, self.request_version = None, "", "HTTP/1.0"
+            self.send_error(400, "blank request line: expected 'METHOD /path HTTP/1.1'")
+            return False
+        if not super().parse_request():
+            return False
+        if self.request_version == "HTTP/0.9":
+            self.send_error(400, "HTTP/0.9 requests are not supported: send 'GET /path HTTP/1.1'")
+            return False
+        if self.force_close:
+            self.close_connection = True
+        return True
+
+    def handle_expect_100(self) -> bool:
+        return True  # the connection layer has already sent "100 Continue" when the body was still to come
 
     def __getattr__(self, name: str) -> Any:
         # http.server answers 501 to methods without a do_X; any method we do not serve is a client error (405).
@@ -144,23 +196,28 @@ class WebShopHandler(BaseHTTPRequestHandler):
         if code >= 500:
             code, message = 400, f"bad request ({message or 'unsupported request'})"
         self.close_connection = True
-        if getattr(self, "request_version", "HTTP/0.9") == "HTTP/0.9":
+        if getattr(self, "request_version", "HTTP/0.9") in ("HTTP/0.9", ""):
             self.request_version = "HTTP/1.0"  # we do not speak HTTP/0.9: always send a status line and headers
-        body = f"{code} {message or HTTPStatus(code).phrase}\n".encode("utf-8", "replace")
-        try:
-            self._send(code, "text/plain; charset=utf-8", body)
-        except OSError:
-            pass
+        payload: dict[str, Any] = {"error": message or HTTPStatus(code).phrase, "status": code}
+        if code == 431:
+            payload["limit"] = {"max_headers": 100, "max_head_bytes": self.server.limits.max_head_bytes}
+        elif code == 414:
+            payload["limit"] = {"max_line_bytes": self.server.limits.max_line_bytes}
+        self._send(code, "application/json; charset=utf-8", json.dumps(payload).encode("utf-8"))
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         if self.server.access_log:
             sys.stderr.write(f"{self.address_string()} - [{self.log_date_time_string()}] {format % args}\n")
 
-    def _send(self, status: int, ctype: str, body: bytes, headers: dict[str, str] | None = None) -> None:
+    def _send(self, status: int, ctype: str, body: bytes, headers: dict[str, str] | None = None,
+              cache_control: str = "no-store") -> None:  # fmt: skip
         self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
+        if status == 304:  # no body, no representation headers (RFC 9110 15.4.5)
+            body = b""
+        else:
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+        self.send_header("Cache-Control", cache_control)
         self.send_header("X-Content-Type-Options", "nosniff")
         self.send_header("Content-Security-Policy", CSP)
         self.send_header("Referrer-Policy", "no-referrer")
@@ -170,7 +227,7 @@ class WebShopHandler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         # Headers and body in one write: two small writes would meet Nagle + delayed ACK (40 ms per request).
         self._headers_buffer.append(b"\r\n")
-        if self.command != "HEAD":
+        if self.command != "HEAD" and body:
             self._headers_buffer.append(body)
         self.flush_headers()
 
@@ -185,35 +242,48 @@ class WebShopHandler(BaseHTTPRequestHandler):
         self._send(status, "text/html; charset=utf-8", text.encode("utf-8", "replace"))
 
     def _read_body(self) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+        if self.headers.get("Transfer-Encoding") is not None:
             self.close_connection = True
-            raise ShopError(411, "chunked request bodies are not accepted; send Content-Length")
-        raw = self.headers.get("Content-Length")
-        if raw is None:
+            raise ShopError(411, "chunked (Transfer-Encoding) request bodies are not accepted; send Content-Length")
+        values = self.headers.get_all("Content-Length") or []
+        if not values:
             return b""
-        if not (raw.strip().isascii() and raw.strip().isdigit()):
+        raw = values[0]
+        if len({v.strip() for v in values}) > 1:
+            self.close_connection = True
+            raise ShopError(400, "conflicting Content-Length headers")
+        if not (raw.strip().isascii() and raw.strip().isdigit() and len(raw.strip()) <= 15):
             self.close_connection = True
             raise ShopError(400, f"invalid Content-Length {raw[:20]!r}")
-        n = int(raw.strip()[:12])
-        if n > MAX_BODY_BYTES:
+        n = int(raw.strip())
+        limit = self.server.limits.max_body_bytes
+        if n > limit:
             self.close_connection = True
-            raise ShopError(413, f"request body of {n} bytes; at most {MAX_BODY_BYTES} are accepted")
-        return self.rfile.read(n) if n else b""
+            raise LimitError(413, f"request body of {n} bytes; at most {limit} are accepted", {"max_body_bytes": limit})
+        body = self.rfile.read(n) if n else b""
+        if len(body) != n:  # cannot happen behind the connection layer, which reads whole bodies
+            self.close_connection = True
+            raise ShopError(400, f"request body shorter than its Content-Length ({len(body)} of {n} bytes)")
+        return body
 
     # -------------------------------------------------------------- methods
     def do_GET(self) -> None:
-        self._dispatch(b"")
+        self._with_body(ignore=True)
 
     def do_HEAD(self) -> None:
-        self._dispatch(b"")
+        self._with_body(ignore=True)
 
     def do_POST(self) -> None:
+        self._with_body(ignore=False)
+
+    def _with_body(self, ignore: bool) -> None:
         try:
-            body = self._read_body()
+            body = self._read_body()  # a GET's body is read (so it is not taken for the next request) and ignored
         except ShopError as err:
-            self._error(err, api=self.path.startswith("/api/"))
+            path = self.path if isinstance(self.path, str) else "/"
+            self._error(err, api=path.startswith("/api/") or path == "/api")
             return
-        self._dispatch(body)
+        self._dispatch(b"" if ignore else body)
 
     def _dispatch(self, body: bytes) -> None:
         path = self.path if isinstance(self.path, str) else "/"
@@ -234,7 +304,10 @@ class WebShopHandler(BaseHTTPRequestHandler):
 
     def _error(self, err: ShopError, api: bool) -> None:
         if api:
-            self._json(err.status, {"error": err.message, "status": err.status})
+            payload: dict[str, Any] = {"error": err.message, "status": err.status}
+            if isinstance(err, LimitError):
+                payload["limit"] = err.limit
+            self._json(err.status, payload)
         else:
             from html import escape
 
@@ -261,8 +334,15 @@ class WebShopHandler(BaseHTTPRequestHandler):
     def _json_body(self, body: bytes) -> dict[str, Any]:
         if not body:
             return {}
+        depth = self.server.limits.max_json_depth
+        too_deep = LimitError(400, f"the JSON body is nested deeper than {depth} levels of arrays and objects",
+                              {"max_json_depth": depth})  # fmt: skip
+        if json_depth_exceeds(body, depth):
+            raise too_deep
         try:
             data = json.loads(body.decode("utf-8"))
+        except RecursionError:  # not reached after the depth check; kept so that no nesting can give a 500
+            raise too_deep from None
         except (UnicodeDecodeError, ValueError):
             raise ShopError(400, "the body must be a JSON object (UTF-8)") from None
         if not isinstance(data, dict):
@@ -281,13 +361,16 @@ class WebShopHandler(BaseHTTPRequestHandler):
         if route == "/health":
             self._json(200, {"status": "ok", "pid": os.getpid(), "workers": self.server.workers,
                              "uptime_s": round(time.time() - self.server.started, 3),
-                             "catalog": shop.catalog.describe()})  # fmt: skip
+                             "catalog": shop.catalog.describe(), "connections": self.server.stats()})  # fmt: skip
             return
         if route.startswith("/static/"):
             name = route[len("/static/") :]
-            if name not in self.server.static:
+            static = self.server.static_files.get(name)
+            if static is None:
                 raise ShopError(404, f"no static file {name[:40]!r}")
-            self._send(200, _STATIC[name], self.server.static[name])
+            validators = {"ETag": static.etag, "Last-Modified": static.last_modified}
+            unchanged = static.not_modified(self.headers.get("If-None-Match"), self.headers.get("If-Modified-Since"))
+            self._send(304 if unchanged else 200, static.ctype, static.data, validators, STATIC_CACHE_CONTROL)
             return
         if route in ("/favicon.ico", "/robots.txt"):
             self._send(404, "text/plain; charset=utf-8", b"not found\n")
@@ -345,6 +428,27 @@ class WebShopHandler(BaseHTTPRequestHandler):
         # /api/<session>/...: the page model as JSON
         state = shop.parse_url(route + (f"?{query}" if query else ""), self._form(body))
         self._json(200, shop.page(state))
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKET_DELTA = [0] * 256
+for _c in b"[{":
+    _BRACKET_DELTA[_c] = 1
+for _c in b"]}":
+    _BRACKET_DELTA[_c] = -1
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+
+
+def json_depth_exceeds(body: bytes, limit: int) -> bool:
+    """Whether a JSON text nests arrays / objects deeper than ``limit`` (brackets inside strings do not count).
+
+    Checked before ``json.loads``, whose C scanner recurses once per level and raises RecursionError near 1,000
+    levels (a 500 before this check). Linear time; the scan runs in C (regex, translate, accumulate).
+    """
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return False
+    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
+    return any(d > limit for d in accumulate(map(_BRACKET_DELTA.__getitem__, brackets)))
 
 
 def _opt_int(value: Any, name: str) -> int | None:
@@ -408,10 +512,20 @@ def build_shop(
     return Shop(catalog, engine, show_attrs=show_attrs)
 
 
-def make_server(shop: Shop, host: str = "127.0.0.1", port: int = 3000, *, workers: int = 1,
-                access_log: bool = False) -> WebShopHTTPServer:  # fmt: skip
-    """Bind (not yet serve) the server. Port 0 picks a free port (``server.server_address``)."""
-    return WebShopHTTPServer((host, port), shop, access_log=access_log, workers=workers)
+def make_server(shop: Shop, host: str = "127.0.0.1", port: int = 3000, *, workers: int = 1, access_log: bool = False,
+                limits: Limits | None = None, **limit_overrides: Any) -> WebShopHTTPServer:  # fmt: skip
+    """Bind (not yet serve) the server. Port 0 picks a free port (``server.server_address``).
+
+    ``limits`` (a :class:`~webshop_server.serving.Limits`) or keyword overrides of its fields (``request_timeout=2``,
+    ``max_connections=64``, ...) bound what one client may cost; the defaults suit a shop on 127.0.0.1.
+    """
+    unknown = set(limit_overrides) - set(Limits.__dataclass_fields__)
+    if unknown:
+        known = sorted(Limits.__dataclass_fields__)
+        raise TypeError(f"make_server() got unknown limits {sorted(unknown)}; known: {known}")
+    if limit_overrides:
+        limits = dataclasses.replace(limits or Limits(), **limit_overrides)
+    return WebShopHTTPServer((host, port), shop, access_log=access_log, workers=workers, limits=limits)
 
 
 def start_in_thread(shop: Shop, host: str = "127.0.0.1", port: int = 0) -> tuple[WebShopHTTPServer, threading.Thread]:

@@ -33,6 +33,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--show-attrs", action="store_true", help="show the Attributes tab on item pages")
     p.add_argument("--cache-dir", help="where the search index is cached (default: ragen's cache dir)")
     p.add_argument("--access-log", action="store_true", help="log every request to stderr")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=10.0,
+        help="seconds for a whole request (head and body) to arrive; slower clients get 408",
+    )
+    p.add_argument("--keepalive-timeout", type=float, default=30.0, help="seconds an idle keep-alive connection stays")
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1024,
+        help="open connections per worker; past it the slowest connection is closed for a new one",
+    )
+    p.add_argument("--threads", type=int, default=8, help="request-handler threads per worker")
     return p
 
 
@@ -49,6 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"warning: binding {args.host}: the shop is reachable from other machines", file=sys.stderr)
 
     from webshop_server.app import build_shop, make_server, serve
+    from webshop_server.serving import Limits
+
+    try:
+        limits = Limits(request_timeout=args.request_timeout, keepalive_timeout=args.keepalive_timeout,
+                        max_connections=args.max_connections, handler_threads=args.threads)  # fmt: skip
+    except (TypeError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
     t0 = time.perf_counter()
     progress_cb, finish = _progress()
@@ -65,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     finish()
     try:
-        server = make_server(shop, args.host, args.port, workers=args.workers, access_log=args.access_log)
+        server = make_server(shop, args.host, args.port, workers=args.workers, access_log=args.access_log,
+                             limits=limits)  # fmt: skip
     except OSError as exc:
         print(f"error: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

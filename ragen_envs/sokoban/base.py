@@ -118,6 +118,7 @@ class KernelGenerator:
             self._kernel = type(self).kernel
             self._consts = tuple(a.tolist() for a in consts)
             self._bufs = tuple(a.tolist() for a in bufs)
+        self._tail = (*self._consts, *self._bufs)  # the kernel's last arguments, joined once (~0.4 us a call)
 
     def _build_arrays(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
         """The kernel's constant arrays and its search buffers, as numpy arrays (the Python backend gets lists)."""
@@ -125,6 +126,11 @@ class KernelGenerator:
 
     def generate(self, seed: int) -> Level:
         """The level of ``seed`` (the same seed gives the same level on every machine and backend)."""
+        self._check_seed(seed)
+        with self._lock:
+            return self._generate_locked(int(seed))
+
+    def _check_seed(self, seed: Any) -> None:
         bits = self.seed_bits
         check_arg(
             is_int(seed) and seed >= 0 and (bits is None or seed < 2**bits),
@@ -132,8 +138,6 @@ class KernelGenerator:
             seed,
             "an int >= 0" if bits is None else f"an int in 0..2**{bits}-1",
         )
-        with self._lock:
-            return self._generate_locked(int(seed))
 
     def _generate_locked(self, seed: int) -> Level:
         """The level of ``seed``; the caller holds the lock."""
@@ -141,11 +145,16 @@ class KernelGenerator:
 
     def _run(self, *args: Any) -> int:
         """The kernel's status code on ``args`` followed by the constant arrays and the search buffers."""
-        return int(self._kernel(*args, *self._consts, *self._bufs))
+        return int(self._kernel(*args, *self._tail))
 
     def _room(self) -> np.ndarray:
         """The ``(rows, cols)`` int8 room the kernel wrote (flat) into its first buffer, as a new array."""
         return np.array(self._bufs[0], dtype=np.int8).reshape(self.config.dim_room)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The lock and the compiled kernel cannot be pickled, and the buffers are scratch space: a pickled generator
+        # is its class, configuration and backend, unpickled as that process's shared generator (same levels).
+        return (_shared_instance, (type(self), self.config, self.backend))
 
     @classmethod
     def shared(cls, config: Any = None, *, backend: str = "auto") -> Self:
@@ -158,6 +167,96 @@ class KernelGenerator:
             if gen is None:
                 gen = _SHARED[key] = cls(config, backend=key[2])
         return gen
+
+
+def _shared_instance(cls: type[KernelGenerator], config: Any, backend: str) -> KernelGenerator:
+    """Unpickles a generator as this process's shared one of its class, configuration and backend."""
+    return cls.shared(config, backend=backend)
+
+
+# ------------------------------------------------------------------------------ the first draw of np_random(seed)
+# A fresh-level reset draws its level seed as ``np_random.integers(2**62)`` from gymnasium's ``np_random(seed)``, i.e.
+# ``Generator(PCG64(SeedSequence(seed)))``; for that range numpy's Lemire sampler takes exactly one 64-bit output ``x``
+# and returns ``x >> 2`` (``x * 2**62 >> 64``, never rejected). Building the SeedSequence and the PCG64 costs ~4 us,
+# more than half a 6x6 level, so ``_pcg64_first_output`` computes ``x`` in one compiled call (~0.2 us): numpy's
+# SeedSequence (numpy/random/bit_generator.pyx: ``mix_entropy`` with pool size 4, ``generate_state(4, uint64)``) and
+# PCG64's seeding and first output (numpy/random/src/pcg64: ``pcg64_set_seed``, ``pcg_setseq_128_srandom_r``, the
+# XSL-RR output), with 128-bit state as (high, low) uint64 pairs. Tested against numpy on thousands of seeds.
+_U = np.uint64
+_M32 = _U(0xFFFFFFFF)
+_SS_INIT_A, _SS_MULT_A = _U(0x43B0D7E5), _U(0x931E8875)  # SeedSequence's hash constants
+_SS_INIT_B, _SS_MULT_B = _U(0x8B51F9DD), _U(0x58F38DED)
+_SS_MIX_L, _SS_MIX_R = _U(0xCA01F9DD), _U(0x4973F715)
+_PCG_MUL_HI, _PCG_MUL_LO = _U(2549297995355413924), _U(4865540595714422341)  # PCG_DEFAULT_MULTIPLIER_128
+
+
+def _pcg64_first_output(seed_lo, seed_hi):  # type: ignore[no-untyped-def]  # numba; seed = seed_hi << 32 | seed_lo
+    # SeedSequence(seed): the entropy words (lo, hi) padded with zeros to the pool size, hashed and mixed.
+    words = (_U(seed_lo), _U(seed_hi), _U(0), _U(0))
+    pool = [_U(0), _U(0), _U(0), _U(0)]
+    h = _SS_INIT_A
+    for i in range(4):
+        v = words[i] ^ h
+        h = (h * _SS_MULT_A) & _M32
+        v = (v * h) & _M32
+        pool[i] = v ^ (v >> _U(16))
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                v = pool[src] ^ h
+                h = (h * _SS_MULT_A) & _M32
+                v = (v * h) & _M32
+                v ^= v >> _U(16)
+                r = (_SS_MIX_L * pool[dst] - _SS_MIX_R * v) & _M32
+                pool[dst] = r ^ (r >> _U(16))
+    # generate_state(4, uint64): eight 32-bit words, little-endian pairs -> seed (hi, lo), inc (hi, lo).
+    out = [_U(0)] * 8
+    h = _SS_INIT_B
+    for i in range(8):
+        v = pool[i % 4] ^ h
+        h = (h * _SS_MULT_B) & _M32
+        v = (v * h) & _M32
+        out[i] = v ^ (v >> _U(16))
+    s_hi, s_lo = out[0] | (out[1] << _U(32)), out[2] | (out[3] << _U(32))
+    q_hi, q_lo = out[4] | (out[5] << _U(32)), out[6] | (out[7] << _U(32))
+    # pcg_setseq_128_srandom_r: inc = seq << 1 | 1; state = 0; step; state += seed; step. Then random_r: step, output.
+    # A step is state = state * multiplier + inc (mod 2**128), the low 64x64 product from 32-bit halves.
+    inc_hi, inc_lo = (q_hi << _U(1)) | (q_lo >> _U(63)), (q_lo << _U(1)) | _U(1)
+    x_hi, x_lo = _U(0), _U(0)
+    for k in range(3):
+        if k == 1:
+            lo = x_lo + s_lo
+            x_hi, x_lo = x_hi + s_hi + (_U(1) if lo < x_lo else _U(0)), lo
+        a0, a1, b0, b1 = x_lo & _M32, x_lo >> _U(32), _PCG_MUL_LO & _M32, _PCG_MUL_LO >> _U(32)
+        p00, p01, p10 = a0 * b0, a0 * b1, a1 * b0
+        mid = (p00 >> _U(32)) + (p01 & _M32) + (p10 & _M32)
+        lo = (p00 & _M32) | (mid << _U(32))
+        hi = a1 * b1 + (p01 >> _U(32)) + (p10 >> _U(32)) + (mid >> _U(32)) + x_hi * _PCG_MUL_LO + x_lo * _PCG_MUL_HI
+        x_lo = lo + inc_lo
+        x_hi = hi + inc_hi + (_U(1) if x_lo < lo else _U(0))
+    x, rot = x_hi ^ x_lo, x_hi >> _U(58)  # XSL-RR: xor-fold, rotate right by the top 6 bits
+    return (x >> rot) | (x << ((_U(64) - rot) & _U(63)))
+
+
+_first_output_fn: list[Callable[[int, int], Any] | None] = []  # [the compiled function, or None without numba]
+
+
+def first_uint64(seed: int) -> int:
+    """``int(numpy.random.PCG64(seed).random_raw())``: the first 64-bit output of gymnasium's ``np_random(seed)``
+    (any int ``seed >= 0``); compiled when numba is installed and ``seed < 2**64``, else numpy's own."""
+    if not _first_output_fn:
+        fn = None
+        if numba_available():
+            try:
+                fn = compiled_kernel(_pcg64_first_output)
+                fn(1, 0)  # compile now: a failure falls back to numpy here, not in a reset
+            except Exception:  # noqa: BLE001 -- a broken numba install must not break seeding
+                fn = None
+        _first_output_fn.append(fn)
+    fn = _first_output_fn[0]
+    if fn is None or seed >= 2**64:
+        return int(np.random.PCG64(seed).random_raw())
+    return int(fn(seed & 0xFFFFFFFF, seed >> 32))
 
 
 class RoomConfig:

@@ -69,6 +69,7 @@ import numpy as np
 from ragen_envs import grounding
 from ragen_envs.core import BaseTextEnv, StepOutcome, check_arg
 from ragen_envs.rendering import CellStyle, draw_grid
+from ragen_envs.sokoban.base import first_uint64
 from ragen_envs.sokoban.generator import TARGET, WALL, GeneratorConfig, Level, SokobanGenerator, shared_generator
 from ragen_envs.sokoban.reference_generator import ReferenceConfig, ReferenceGenerator, shared_reference_generator
 
@@ -199,6 +200,7 @@ class SokobanEnv(BaseTextEnv):
         self._instructions = self._make_instructions()
         self._levels: list[Level] | None = None
         self._pool = None
+        self._pool_args: tuple[Any, ...] | None = None
         self._pool_index: np.ndarray | None = None
         self._generator: SokobanGenerator | ReferenceGenerator | None = None
         check_arg(
@@ -252,13 +254,22 @@ class SokobanEnv(BaseTextEnv):
             self.dim_room = self.config.dim_room
             self.num_boxes = self.config.num_boxes
             if pool_size > 0:
+                self._pool_args = (self.config, pool_size, pool_seed, backend)  # to find the pool again (pickling)
                 self._pool = _shared_pool(self.config, pool_size, pool_seed, backend)
                 self._pool_index = self._pool.indices(min_pushes=min_pushes, max_pushes=max_pushes)
             elif isinstance(self.config, ReferenceConfig):
                 self._generator = shared_reference_generator(self.config, backend=backend)
             else:
                 self._generator = shared_generator(self.config, backend=backend)
-        self.level: Level | None = None
+        # Fresh reference levels (the default) are played from plain cells, without a Level (see _set_generated).
+        self._fast_reference = isinstance(self._generator, ReferenceGenerator)
+        if self._fast_reference:
+            rows, cols = self.config.dim_room
+            # The room as _grid_text's bytes: one code per byte, a b"\n" column after each row (the last one cut off).
+            self._room_frame = np.full((rows, cols + 1), ord("\n"), dtype=np.uint8)
+            self._room_cells = self._room_frame[:, :-1]  # the frame's cells, a view generate_cells writes into
+        self._level: Level | None = None
+        self._level_seed: int | None = None  # generator seed of the level being played, while _level is not built
         self._fixed: list[list[int]] = []
         self._boxes: set[tuple[int, int]] = set()
         self._player = (0, 0)
@@ -268,8 +279,26 @@ class SokobanEnv(BaseTextEnv):
         self._pushes: int | None = None
         self._moves: int | None = None
         self._pool_current: int | None = None  # index of the pooled level being played
-        self._static_valid = False  # _static_cache matches the current level
-        self._static_cache: list[list[str]] = []
+        self._static_valid = False  # _static_bytes matches the current level
+        self._static_bytes = b""
+        self._grid_table, self._grid_replace = _grid_tables(self._symbols)
+
+    # ------------------------------------------------------------------ pickling (and deepcopy)
+    def __getstate__(self) -> dict[str, Any]:
+        # The generator pickles as its configuration (see KernelGenerator.__reduce__); the views of its buffers and
+        # the process-wide pool are not the env's own state: they are found again in the unpickling process.
+        state = self.__dict__.copy()
+        state.pop("_room_cells", None)  # a view of _room_frame: made again from the unpickled frame
+        if state.get("_pool") is not None:
+            state["_pool"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._pool_args is not None:
+            self._pool = _shared_pool(*self._pool_args)
+        if self._fast_reference:
+            self._room_cells = self._room_frame[:, :-1]
 
     # ------------------------------------------------------------------ text the model sees
     @property
@@ -297,14 +326,6 @@ class SokobanEnv(BaseTextEnv):
         codes[r][c] = _PLAYER_ON_TARGET if self._fixed[r][c] == TARGET else _PLAYER
         return codes
 
-    def _static_rows(self) -> list[list[str]]:
-        """The symbols of walls, floor and targets per row, computed once per level (resets and steps reuse it)."""
-        if not self._static_valid:
-            sym = self._symbols
-            self._static_cache = [[sym[v] for v in row] for row in self._fixed]
-            self._static_valid = True
-        return self._static_cache
-
     def state_text(self) -> str:
         if not self._fixed:
             return "(no level yet: call reset())"
@@ -315,13 +336,25 @@ class SokobanEnv(BaseTextEnv):
         return "Coordinates:\n" + self._coord_text() + "\nGrid Map:\n" + self._grid_text()
 
     def _grid_text(self) -> str:
-        sym, fixed = self._symbols, self._fixed
-        rows = [row[:] for row in self._static_rows()]
+        # The room as bytes, one cell code per byte and b"\n" between rows (built once per level), the boxes and the
+        # player written in, then bytes.translate to the symbols: ~1 us for a 6x6 room, a few times less than joining
+        # per-cell symbol strings. Symbols that are not one ASCII character go through a placeholder byte.
+        if not self._static_valid:
+            self._static_bytes = b"\n".join(map(bytes, self._fixed))
+            self._static_valid = True
+        room = bytearray(self._static_bytes)  # a copy to write into
+        width = len(self._fixed[0]) + 1
         for r, c in self._boxes:
-            rows[r][c] = sym[_BOX_ON_TARGET] if fixed[r][c] == TARGET else sym[_BOX]
+            i = r * width + c
+            room[i] = _BOX_ON_TARGET if room[i] == TARGET else _BOX
         r, c = self._player
-        rows[r][c] = sym[_PLAYER_ON_TARGET] if fixed[r][c] == TARGET else sym[_PLAYER]
-        return "\n".join(["".join(row) for row in rows])
+        i = r * width + c
+        room[i] = _PLAYER_ON_TARGET if room[i] == TARGET else _PLAYER
+        text = room.translate(self._grid_table).decode("ascii")
+        for placeholder, symbol in self._grid_replace:
+            if placeholder in text:
+                text = text.replace(placeholder, symbol)
+        return text
 
     def _coord_text(self) -> str:
         rows, cols = len(self._fixed), len(self._fixed[0])
@@ -360,6 +393,10 @@ class SokobanEnv(BaseTextEnv):
 
     # ------------------------------------------------------------------ dynamics
     def _reset_state(self, options: dict[str, Any] | None) -> None:
+        if options is None and self._fast_reference:  # the default: a fresh reference level (the hot path)
+            x = self._first_draw()
+            self._set_generated(x >> 2 if x is not None else int(self.np_random.integers(2**62)))
+            return
         options = options or {}
         level = options.get("level")
         if level is not None:
@@ -376,7 +413,7 @@ class SokobanEnv(BaseTextEnv):
             check_arg(len(idx) > 0, "min_pushes/max_pushes", "range", "a range that some pooled level falls in")
             i = int(idx[self._pick(index, len(idx))])
             pool = self._pool
-            self.level = None
+            self._level, self._level_seed = None, None
             # a few tiny tolist() calls: cheaper than a Level, and the pool stays one compact array per process
             self._fixed = pool.fixed[i].tolist()
             self._boxes = {(r, c) for r, c in pool.boxes[i].tolist()}
@@ -390,13 +427,28 @@ class SokobanEnv(BaseTextEnv):
         else:
             check_arg(index is None, "options['level_index']", index, "None for generated levels (use seed)")
             assert self._generator is not None
-            seed = int(self.np_random.integers(2**62))
-            self._set_level(self._generator.generate(seed))
+            # = int(self.np_random.integers(2**62)): one 64-bit draw x, returned as x >> 2 (see _first_draw)
+            seed = self._first_draw()
+            level_seed = seed >> 2 if seed is not None else int(self.np_random.integers(2**62))
+            if self._fast_reference:
+                self._set_generated(level_seed)
+            else:
+                self._set_level(self._generator.generate(level_seed))
+
+    def _first_draw(self) -> int | None:
+        """The first 64-bit output of ``np_random`` when it was just seeded by ``reset(seed=...)`` and not built yet
+        (computed from the seed, see :meth:`BaseTextEnv._take_first_draw`), else ``None``: then draw from
+        ``np_random`` itself."""
+        seed = self._take_first_draw()
+        return None if seed is None else first_uint64(seed)
 
     def _pick(self, index: Any, n: int) -> int:
         if index is None:
-            # random() is several times cheaper than integers() (which sets numpy's error state on each call)
-            return min(int(self.np_random.random() * n), n - 1)
+            # = self.np_random.random(): numpy's next_double is (x >> 11) * 2**-53 for one 64-bit draw x.
+            # (random() is also several times cheaper than integers(), which sets numpy's error state on each call.)
+            x = self._first_draw()
+            u = (x >> 11) * 2.0**-53 if x is not None else self.np_random.random()
+            return min(int(u * n), n - 1)
         check_arg(
             isinstance(index, (int, np.integer)) and not isinstance(index, bool) and 0 <= index < n,
             "options['level_index']",
@@ -405,8 +457,22 @@ class SokobanEnv(BaseTextEnv):
         )
         return int(index)
 
+    def _set_generated(self, level_seed: int) -> None:
+        """Play the reference level of ``level_seed`` from its plain cells (:meth:`ReferenceGenerator.generate_cells`);
+        the :class:`Level` is built only if asked for (see :attr:`level`)."""
+        fixed, boxes, player = self._generator.generate_cells(level_seed, room_out=self._room_cells)
+        cols = self.dim_room[1]
+        self._level, self._level_seed = None, level_seed
+        self._pool_current = None
+        self._fixed = fixed
+        self._boxes = {divmod(b, cols) for b in boxes}
+        self._player = divmod(player, cols)
+        self._pushes = self._moves = None  # the reference generator knows neither
+        self._after_set()
+        self._static_bytes, self._static_valid = self._room_frame.tobytes()[:-1], True
+
     def _set_level(self, level: Level) -> None:
-        self.level = level
+        self._level, self._level_seed = level, None
         self._pool_current = None
         self._fixed = level.fixed.tolist()
         self._boxes = set(level.boxes)
@@ -422,14 +488,23 @@ class SokobanEnv(BaseTextEnv):
         self._board = None
         self._static_valid = False
 
+    @property
+    def level(self) -> Level | None:
+        """The level being played, as it was at reset (``None`` before the first reset). A generated or pooled level
+        is built when first asked for (resets do not need one): regenerated from its seed, or read from the pool."""
+        if self._level is None:
+            if self._level_seed is not None and self._generator is not None:
+                self._level = self._generator.generate(self._level_seed)
+            elif self._pool_current is not None and self._pool is not None:
+                self._level = self._pool.level(self._pool_current)
+        return self._level
+
     def current_level(self) -> Level:
         """The level being played, as it was at reset (for the solver / oracle agent: use :meth:`snapshot`)."""
-        if self.level is None:
-            i = self._pool_current  # a pooled level is materialised only when asked for
-            if i is None or self._pool is None:
-                raise RuntimeError("SokobanEnv.current_level() before reset(): there is no level yet")
-            self.level = self._pool.level(i)
-        return self.level
+        level = self.level
+        if level is None:
+            raise RuntimeError("SokobanEnv.current_level() before reset(): there is no level yet")
+        return level
 
     def snapshot(self) -> Level:
         """The current position as a :class:`Level` (e.g. to solve from here)."""
@@ -445,7 +520,8 @@ class SokobanEnv(BaseTextEnv):
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         observation, info = super().reset(seed=seed, options=options)
-        info.update(self.state_info())
+        info["boxes_on_target"] = self._on_target  # state_info()
+        info["deadlock"] = self._deadlock
         info["optimal_pushes"] = self._pushes
         info["optimal_moves"] = self._moves
         return observation, info
@@ -609,3 +685,23 @@ def _resolve_levels(levels: str | Path | list[Level]) -> list[Level]:
         )
         loaded = list(levels)
     return loaded
+
+
+def _grid_tables(symbols: list[str]) -> tuple[bytes, list[tuple[str, str]]]:
+    """For :meth:`SokobanEnv._grid_text`: a ``bytes.translate`` table from the cell codes (0-6) to the symbols, and
+    the (placeholder, symbol) pairs to replace afterwards for symbols that are not one printable ASCII character
+    (the default vocabulary's ``√``, multi-character symbols). Placeholders are control characters that occur in no
+    symbol, so one replacement never creates another placeholder."""
+    table = bytearray(range(256))
+    replace = []
+    used = set("".join(symbols))
+    free = [chr(b) for b in range(1, 32) if b != 10 and chr(b) not in used]  # 10 is the "\n" between rows
+    for code, symbol in enumerate(symbols):
+        if len(symbol) == 1 and 32 <= ord(symbol) < 127:
+            table[code] = ord(symbol)
+        else:
+            check_arg(bool(free), "vocab", symbols, "symbols that leave some control character unused")
+            placeholder = free.pop(0)
+            table[code] = ord(placeholder)
+            replace.append((placeholder, symbol))
+    return bytes(table), replace

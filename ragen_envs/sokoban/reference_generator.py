@@ -89,6 +89,8 @@ _G_MASK_DR, _G_MASK_DC, _G_MASK_N, _G_DIR_DR, _G_DIR_DC, _G_ACT = 0, 20, 40, 45,
 
 # Indices of the kernel's ``out`` array.
 (_OUT_PLAYER, _OUT_STATES, _OUT_SCORE, _OUT_DISP, _OUT_SWAPS, _OUT_WALK, _OUT_START, _OUT_PULLED, _OUT_ROOMS) = range(9)
+#: Index of the kept box cells (``best_loc``) among the search buffers (:meth:`ReferenceGenerator._build_arrays`).
+_BEST_LOC = 15
 
 
 # --------------------------------------------------------------------------------------------- the kernel
@@ -528,23 +530,32 @@ class ReferenceGenerator(KernelGenerator):
         )
         return consts, bufs
 
-    def _generate_locked(self, seed: int) -> Level:
-        cfg = self.config
-        rows, cols = cfg.dim_room
-        status = self._run(
-            rows, cols, cfg.num_boxes, cfg.walk_steps, float(cfg.p_change_directions), cfg.search_depth,
-            cfg.max_explored, cfg.tries, seed & 0xFFFFFFFF, seed >> 32,
-        )  # fmt: skip
+    def _search(self, seed: int) -> None:
+        """Run the kernel for ``seed`` (the caller holds the lock): the level is then in the search buffers."""
+        settings = self.__dict__.get("_settings")
+        if settings is None:  # the kernel's leading arguments, fixed by the configuration: built once
+            cfg = self.config
+            settings = self.__dict__["_settings"] = (
+                *cfg.dim_room, cfg.num_boxes, cfg.walk_steps, float(cfg.p_change_directions), cfg.search_depth,
+                cfg.max_explored, cfg.tries,
+            )  # fmt: skip
+        status = self._kernel(*settings, seed & 0xFFFFFFFF, seed >> 32, *self._tail)
         if status != _OK:
+            cfg = self.config
+            rows, cols = cfg.dim_room
             raise GenerationError(
                 f"no level with {cfg.num_boxes} box(es) in {cfg.tries} rooms of {rows}x{cols} with "
                 f"search_depth={cfg.search_depth} for seed {seed}; use a larger dim_room, fewer boxes or a larger "
                 "search_depth"
             )
+
+    def _generate_locked(self, seed: int) -> Level:
+        self._search(seed)
+        cols = self.config.dim_room[1]
         out = [int(x) for x in self._bufs[-1]]
         return Level(
             fixed=self._room(),
-            boxes=tuple(sorted(divmod(int(b), cols) for b in self._bufs[15])),  # best_loc
+            boxes=tuple(sorted(divmod(int(b), cols) for b in self._bufs[_BEST_LOC])),
             player=divmod(out[_OUT_PLAYER], cols),
             pushes=None,
             seed=seed,
@@ -557,6 +568,40 @@ class ReferenceGenerator(KernelGenerator):
                 "rooms": out[_OUT_ROOMS],
             },
         )
+
+    def generate_cells(self, seed: int, room_out: np.ndarray | None = None) -> tuple[list[list[int]], list[int], int]:
+        """The level of ``seed`` as plain cells, without building a :class:`Level`: the room's rows (0 wall, 1 floor,
+        2 target), the flat box cells (``row * cols + col``) and the flat player cell. With ``room_out`` (an array of
+        the room's shape) the room codes are also copied there.
+
+        This is a fresh-level reset's path: a ``Level``'s arrays and meta dict cost as much as the search of a 6x6
+        room. The same seed gives the same level as :meth:`generate` (tested)."""
+        if type(seed) is not int or not 0 <= seed < 2**64:  # plain ints, the reset path's, skip the full check
+            self._check_seed(seed)
+        best, out = self._bufs[_BEST_LOC], self._bufs[-1]
+        with self._lock:
+            self._search(seed)
+            if self.backend == "numba":
+                grid = self._grid_view
+                fixed, boxes = grid.tolist(), best.tolist()
+                if room_out is not None:
+                    room_out[...] = grid
+            else:  # the Python backend's lists
+                rows, cols = self.config.dim_room
+                room = self._bufs[0]
+                fixed, boxes = [room[r * cols : (r + 1) * cols] for r in range(rows)], list(best)
+                if room_out is not None:
+                    room_out[...] = fixed
+            return fixed, boxes, int(out[_OUT_PLAYER])
+
+    @property
+    def _grid_view(self) -> np.ndarray:
+        """The room the kernel writes into its first buffer, as a ``(rows, cols)`` view (numba backend)."""
+        view = self.__dict__.get("_grid")
+        if view is None:
+            rows, cols = self.config.dim_room
+            view = self.__dict__["_grid"] = self._bufs[0][: rows * cols].reshape(rows, cols)
+        return view
 
 
 def shared_reference_generator(config: ReferenceConfig | None = None, *, backend: str = "auto") -> ReferenceGenerator:

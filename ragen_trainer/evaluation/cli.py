@@ -8,6 +8,10 @@ runs them without the trainer's CLI::
     ragen-trainer eval --suite quick-v2 --model smollm2 -o results/smollm2.json
     ragen-trainer eval --rescore results/smollm2.json
     ragen-trainer leaderboard results/*.json --markdown results/leaderboard.md --html results/leaderboard.html
+
+Bad result files (not JSON, not a result, failing the result schema) are reported with the file, the field and what is
+wrong: ``eval --rescore FILE`` and ``leaderboard FILE`` (one file) exit 2; ``leaderboard`` given a folder or several
+files skips them with a warning and builds the board from the others (exit 2 only when none is left).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import argparse
 import os
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +141,7 @@ def protocol_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``ragen-trainer eval``: run the suite, write the result, print the summary table. Returns the exit code."""
-    from ragen_trainer.evaluation.runner import run_suite, save_result, summary_lines
+    from ragen_trainer.evaluation.runner import run_suite, summary_lines
     from ragen_trainer.evaluation.suites import load_suite
 
     if args.rescore:
@@ -165,14 +170,14 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         # Finished envs are kept next to the output, so an interrupted run resumes where it stopped.
         checkpoint = output.with_name(output.name + ".partial")
+        # The result is written (atomically, schema-checked) before the checkpoint is removed.
         result = run_suite(suite, agent, batch_size=args.batch_size, progress=not args.no_progress,
-                           checkpoint=checkpoint)  # fmt: skip
+                           checkpoint=checkpoint, output=output)  # fmt: skip
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
         agent.close()
-    save_result(result, output)
     print("\n".join(summary_lines(result)))
     errors = sum(s["errors"] for s in result["summary"]["envs"].values())
     if errors:
@@ -183,35 +188,43 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _expand(paths: list[str]) -> list[Path]:
-    """Files as given; folders contribute their ``*.json`` files that are ragen evaluation results."""
-    from ragen_trainer.evaluation.runner import RESULT_FORMAT
-
+    """Files as given; folders contribute every ``*.json`` file they hold (each is checked when it is read: one that is
+    not a valid ragen evaluation result is skipped with a warning naming it)."""
     out: list[Path] = []
     for raw in paths:
         path = Path(raw)
-        if not path.is_dir():
-            out.append(path)
-            continue
-        for candidate in sorted(path.glob("*.json")):
-            with candidate.open(encoding="utf-8", errors="replace") as fh:
-                if RESULT_FORMAT in fh.read(200):
-                    out.append(candidate)
+        out.extend(sorted(path.glob("*.json")) if path.is_dir() else [path])
     return out
 
 
 def run_leaderboard(args: argparse.Namespace) -> int:
-    """``ragen-trainer leaderboard``: merge result files, write the Markdown and HTML pages. Returns the exit code."""
+    """``ragen-trainer leaderboard``: merge result files, write the Markdown and HTML pages. Returns the exit code.
+
+    One file asked for by name that is bad exits 2 with the file, the field and what is wrong; from a folder or a list
+    of files, bad ones are skipped with a warning on stderr (exit 2 only when no valid file is left)."""
     from ragen_trainer.evaluation.leaderboard import build_leaderboard
+    from ragen_trainer.evaluation.schema import ResultFileWarning
 
     keep = _expand(args.results)
-    try:
-        markdown, _ = build_leaderboard(keep, markdown_path=args.markdown, html_path=args.html, title=args.title,
-                                        replays_per_env=args.replays)  # fmt: skip
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    single = len(args.results) == 1 and not Path(args.results[0]).is_dir()
+    on_bad = "raise" if single else "warn"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResultFileWarning)
+        try:
+            markdown, _ = build_leaderboard(keep, markdown_path=args.markdown, html_path=args.html, title=args.title,
+                                            replays_per_env=args.replays, on_bad=on_bad)  # fmt: skip
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    skipped = [w for w in caught if issubclass(w.category, ResultFileWarning)]
+    for w in caught:
+        if w in skipped:
+            print(f"warning: {w.message}", file=sys.stderr)
+        else:
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     print(markdown)
-    print(f"wrote {args.markdown} and {args.html} from {len(keep)} result file(s)")
+    note = f" ({len(skipped)} bad file(s) skipped, see the warnings)" if skipped else ""
+    print(f"wrote {args.markdown} and {args.html} from {len(keep) - len(skipped)} result file(s){note}")
     return 0
 
 

@@ -7,18 +7,27 @@ score. The HTML page needs no network (no CDN, no fonts): it holds
 * a bar chart per env (inline SVG) of every agent's success rate with 95% error bars (+-1.96 standard errors),
 * a trajectory viewer that replays saved episodes turn by turn (step, play, pause), drawing the grid envs
   (Sokoban, FrozenLake) as pictures on a canvas from the text grids the result files keep for every turn.
+
+Result files are checked against the result schema (:mod:`ragen_trainer.evaluation.schema`) as they are read: a file
+that is not JSON, not a result, or fails the schema (a NaN or an out-of-range value, a score that is not the mean of
+its envs, a summary its episodes do not reproduce) is skipped with a :class:`ResultFileWarning` naming the file, the
+field and what is wrong (or, with ``on_bad="raise"``, raises it). The Markdown and HTML files are written atomically.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ragen_trainer.evaluation.metrics import env_family, partial_credit
 from ragen_trainer.evaluation.runner import load_result
+from ragen_trainer.evaluation.schema import ResultFileError, ResultFileWarning
+from ragen_trainer.fileio import atomic_write_text
 
 #: Text-grid symbol -> what the cell holds, per grid env vocabulary (the envs' documented symbols).
 GRID_LEGENDS: dict[str, dict[str, str]] = {
@@ -57,12 +66,28 @@ def _label_runs(results: Sequence[dict[str, Any]], paths: Sequence[str]) -> list
     return labels
 
 
+def _rankable_score(score: Any) -> bool:
+    """A score the board may rank: ``None`` (nothing scored) or a finite number in [0, 100]."""
+    if score is None:
+        return True
+    return isinstance(score, (int, float)) and not isinstance(score, bool) and math.isfinite(score) and 0 <= score <= 100
+
+
 def build_board(results: Sequence[dict[str, Any]], paths: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Group results by suite and rank them: ``[{suite, envs, rows: [{label, agent, overall, envs}]}]``."""
+    """Group results by suite and rank them: ``[{suite, envs, rows: [{label, agent, overall, envs}]}]``.
+
+    Results should come from :func:`load_results` (schema-checked); as a last guard, a result whose score is not a
+    finite number in [0, 100] (a NaN never ranks first, nor at all) is left out with a :class:`ResultFileWarning`.
+    """
     paths = list(paths or [f"result-{i}" for i in range(len(results))])
     labels = _label_runs(results, paths)
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for result, label, path in zip(results, labels, paths):
+        score = result["summary"]["overall"].get("score")
+        if not _rankable_score(score):
+            warnings.warn(f"skipped result {str(path)!r}: summary.overall.score: {score!r} is not a finite number in "
+                          "[0, 100]", ResultFileWarning, stacklevel=2)  # fmt: skip
+            continue
         suite = result["suite"]
         key = (suite["id"], suite["hash"])
         group = groups.setdefault(key, {"suite": suite, "envs": [], "rows": []})
@@ -80,10 +105,39 @@ def build_board(results: Sequence[dict[str, Any]], paths: Sequence[str] | None =
 
 
 def load_results(paths: Sequence[str | Path]) -> list[dict[str, Any]]:
-    """Load result files (``ValueError`` naming a bad one); at least one is needed."""
+    """Load result files (``ValueError`` naming a bad one, its field and what is wrong); at least one is needed."""
     if not paths:
         raise ValueError("no result files given: pass one or more files written by ragen-trainer eval")
     return [load_result(p) for p in paths]
+
+
+def load_valid_results(
+    paths: Sequence[str | Path], *, on_bad: str = "warn"
+) -> tuple[list[dict[str, Any]], list[str], list[ResultFileError]]:
+    """Load the result files that pass the schema: ``(results, their paths, the errors of the others)``.
+
+    ``on_bad="warn"`` skips a bad file with a :class:`ResultFileWarning` naming the file, the field and what is wrong;
+    ``"skip"`` skips it silently (the errors are returned either way); ``"raise"`` raises its
+    :class:`~ragen_trainer.evaluation.schema.ResultFileError`. ``ValueError`` when no path is given or none is valid.
+    """
+    if on_bad not in ("warn", "skip", "raise"):
+        raise ValueError(f"invalid argument on_bad={on_bad!r}: expected 'warn', 'skip' or 'raise'")
+    if not paths:
+        raise ValueError("no result files given: pass one or more files written by ragen-trainer eval")
+    results, kept, bad = [], [], []
+    for path in paths:
+        try:
+            results.append(load_result(path))
+            kept.append(str(path))
+        except ResultFileError as exc:
+            if on_bad == "raise":
+                raise
+            bad.append(exc)
+            if on_bad == "warn":
+                warnings.warn(f"skipped {exc}", ResultFileWarning, stacklevel=2)
+    if not results:
+        raise ValueError(f"none of the {len(paths)} result file(s) is valid: " + "; ".join(str(e) for e in bad[:3]))
+    return results, kept, bad
 
 
 # ------------------------------------------------------------------------------------------------------ markdown
@@ -511,17 +565,21 @@ def build_leaderboard(
     html_path: str | Path | None = None,
     title: str = "ragen leaderboard",
     replays_per_env: int = 8,
+    on_bad: str = "warn",
 ) -> tuple[str, str]:
-    """Load result files, write the Markdown and HTML leaderboards where asked; returns ``(markdown, html)``."""
+    """Load result files, write the Markdown and HTML leaderboards where asked (atomically); returns
+    ``(markdown, html)``.
+
+    A file that fails the result schema is skipped with a :class:`ResultFileWarning` (``on_bad="warn"``, the default)
+    or raises (``on_bad="raise"``); see :func:`load_valid_results`. ``ValueError`` when no file is valid.
+    """
     if not (isinstance(replays_per_env, int) and replays_per_env >= 0):
         raise ValueError(f"invalid argument replays_per_env={replays_per_env!r}: expected an int >= 0")
-    results = load_results(paths)
-    names = [str(p) for p in paths]
+    results, names, _ = load_valid_results(paths, on_bad=on_bad)
     board = build_board(results, names)
     markdown = markdown_table(board)
     page = render_html(board, results, _label_runs(results, names), title=title, replays_per_env=replays_per_env)
     for path, text in ((markdown_path, markdown), (html_path, page)):
         if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            Path(path).write_text(text, encoding="utf-8")
+            atomic_write_text(path, text)
     return markdown, page

@@ -15,6 +15,10 @@ The result holds::
     summary                   metrics.summarize(episodes): per env and overall
     timings                   wall-clock seconds; the only part that differs between two identical runs
 
+Files are written atomically (:mod:`ragen_trainer.fileio`: a crash mid-write leaves the previous file) and only after
+they pass the schema of :mod:`ragen_trainer.evaluation.schema` (no NaN or infinity anywhere, rates in [0, 1], a summary
+that re-scoring the episodes reproduces); :func:`load_result` checks the same schema when it reads one.
+
 An episode record: ``env, env_id, state_index, seed, rollout, system_prompt, observation`` (the first prompt),
 ``reset_info`` (the env's extra reset info, e.g. Sokoban's ``optimal_moves``), ``initial_state`` and per-turn
 ``state`` (the env's text state, for grid envs: the leaderboard draws them), ``turns``
@@ -26,6 +30,7 @@ error``. Success is the env's own flag after the last turn, never inferred from 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import sys
 import time
@@ -40,17 +45,27 @@ import ragen_envs
 from ragen_envs.driver import EnvSlots, Episode, EpisodeJob, Turn, env_extras, play_episodes
 from ragen_trainer.evaluation.agents import Agent
 from ragen_trainer.evaluation.metrics import summarize
+from ragen_trainer.evaluation.schema import (
+    CHECKPOINT_FORMAT,
+    RESULT_FORMAT,
+    RESULT_FORMAT_VERSION,
+    ResultFileError,
+    read_json,
+    validate_checkpoint,
+    validate_result,
+)
 from ragen_trainer.evaluation.suites import Suite, SuiteEnv
-
-RESULT_FORMAT = "ragen-eval-result"
-RESULT_FORMAT_VERSION = 1
-CHECKPOINT_FORMAT = "ragen-eval-checkpoint"
-
+from ragen_trainer.fileio import atomic_write_text
 
 
 # ------------------------------------------------------------------------------------------------------ helpers
 def to_jsonable(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe copy of ``value`` (numpy scalars and arrays, tuples, sets; anything else as its ``repr``)."""
+    """A JSON-safe copy of ``value`` (numpy scalars and arrays, tuples, sets; anything else as its ``repr``).
+
+    A non-finite float (NaN, +-infinity) becomes ``None``: JSON has no such number, and a string such as ``"nan"``
+    would be read back as NaN by lenient readers (``float("nan")``). The result schema rejects ``None`` where a number
+    is required, and a ``None`` score beside scored envs, so a NaN is never written as a score.
+    """
     if depth > 20:
         return repr(value)
     if value is None or isinstance(value, (bool, str)):
@@ -59,7 +74,7 @@ def to_jsonable(value: Any, depth: int = 0) -> Any:
         return int(value)
     if isinstance(value, (float, np.floating)):
         f = float(value)
-        return f if np.isfinite(f) else repr(f)
+        return f if math.isfinite(f) else None
     if isinstance(value, np.bool_):
         return bool(value)
     if isinstance(value, np.ndarray):
@@ -191,14 +206,19 @@ def run_env(
 
 
 def _load_checkpoint(path: Path | None, suite: Suite, identity: dict[str, Any]) -> dict[str, Any] | None:
-    """The finished envs of an interrupted run of the same suite (hash) and agent (identity), if any."""
+    """The finished envs of an interrupted run of the same suite (hash) and agent (identity), if any; a checkpoint
+    that fails its schema is ignored with a warning (the run starts afresh and overwrites it)."""
     if path is None or not path.is_file():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+        data = read_json(path, "checkpoint")
+        problems = validate_checkpoint(data)
+        if problems:
+            raise ResultFileError(path, problems, "checkpoint")
+    except ResultFileError as exc:
+        print(f"warning: ignoring {exc}", file=sys.stderr)
         return None
-    if data.get("format") != CHECKPOINT_FORMAT or data.get("suite_hash") != suite.hash or data.get("agent") != identity:
+    if data["suite_hash"] != suite.hash or data["agent"] != identity:
         return None
     return data
 
@@ -210,12 +230,14 @@ def run_suite(
     batch_size: int = 16,
     progress: bool = True,
     checkpoint: str | Path | None = None,
+    output: str | Path | None = None,
 ) -> dict[str, Any]:
     """Evaluate ``agent`` on every env of ``suite``; returns the result dict (see the module docstring).
 
     With ``checkpoint``, the episodes of each finished env are saved there, and a later run of the same suite and
     agent resumes after the last finished env (every env's episodes depend only on the suite and the agent, so the
-    result is the same as an uninterrupted run's); the file is removed when the run completes.
+    result is the same as an uninterrupted run's); the file is removed when the run completes. With ``output``, the
+    result is saved there (:func:`save_result`) before the checkpoint is removed, so no crash loses both.
     """
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"invalid argument batch_size={batch_size!r}: expected an int >= 1")
@@ -246,15 +268,13 @@ def run_suite(
         bar.close()
     order = {e.name: i for i, e in enumerate(suite.envs)}
     episodes.sort(key=lambda e: order[e["env"]])  # resumed or not, the suite's env order (stable within an env)
-    if checkpoint_path is not None and checkpoint_path.is_file():
-        checkpoint_path.unlink()
     identity = agent.identity()
     if identity.get("kind") == "model" and "decoding" not in identity:
         # The decoding the model ran with is the suite's, pinned; written here so the agent's entry is complete.
         decodings = {e.name: e.decoding for e in suite.envs}
         distinct = {json.dumps(d, sort_keys=True) for d in decodings.values()}
         identity["decoding"] = next(iter(decodings.values())) if len(distinct) == 1 else decodings
-    return {
+    result = {
         "format": RESULT_FORMAT,
         "format_version": RESULT_FORMAT_VERSION,
         "suite": suite.identity(),
@@ -269,36 +289,51 @@ def run_suite(
             "batch_size": batch_size,
         },
     }
+    if output is not None:
+        save_result(result, output)
+    if checkpoint_path is not None and checkpoint_path.is_file():
+        checkpoint_path.unlink()
+    return result
 
 
 # ------------------------------------------------------------------------------------------------------ files
 def save_result(result: dict[str, Any], path: str | Path) -> Path:
-    """Write a result as JSON (UTF-8, stable key order) and return the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-    return path
+    """Write a result (or a ``.partial`` checkpoint) as JSON (UTF-8, stable key order), atomically; returns the path.
 
-
-def load_result(path: str | Path) -> dict[str, Any]:
-    """Read a result file; ``ValueError`` naming the file when it is not a ragen evaluation result."""
+    What is written is checked against the schema first (:mod:`ragen_trainer.evaluation.schema`): a result that fails
+    it (a NaN anywhere, a rate outside [0, 1], a summary that its episodes do not reproduce) is never written, and
+    :class:`~ragen_trainer.evaluation.schema.ResultFileError` (a ``ValueError``) names the path, the field and what is
+    wrong; the previous file, if any, is left as it was.
+    """
     path = Path(path)
+    checkpoint = isinstance(result, dict) and result.get("format") == CHECKPOINT_FORMAT
+    validate = validate_checkpoint if checkpoint else validate_result
+    what = "checkpoint" if checkpoint else "result file"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise ValueError(f"result file {str(path)!r} does not exist") from exc
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"result file {str(path)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict) or data.get("format") != RESULT_FORMAT:
-        raise ValueError(f"{str(path)!r} is not a ragen evaluation result (expected format {RESULT_FORMAT!r})")
-    if data.get("format_version") != RESULT_FORMAT_VERSION:
-        raise ValueError(
-            f"{str(path)!r} has result format version {data.get('format_version')!r}; this ragen reads "
-            f"{RESULT_FORMAT_VERSION}"
-        )
-    for key in ("suite", "agent", "episodes"):
-        if key not in data:
-            raise ValueError(f"result file {str(path)!r} lacks the {key!r} key")
+        text = json.dumps(result, ensure_ascii=False, indent=1, allow_nan=False)
+    except ValueError as exc:  # a NaN or an infinity: the schema names where
+        problems = validate(result) or [("", f"not JSON-serialisable: {exc}")]
+        raise ResultFileError(path, problems, f"refusing to write {what}") from None
+    except TypeError as exc:
+        raise ResultFileError(path, [("", f"not JSON-serialisable: {exc}")], f"refusing to write {what}") from None
+    problems = validate(json.loads(text))  # exactly what the file will hold
+    if problems:
+        raise ResultFileError(path, problems, f"refusing to write {what}")
+    return atomic_write_text(path, text + "\n")
+
+
+def load_result(path: str | Path, *, consistency: bool = True) -> dict[str, Any]:
+    """Read a result file and check it against the schema; returns the parsed JSON.
+
+    :class:`~ragen_trainer.evaluation.schema.ResultFileError` (a ``ValueError``) names the file, the field (its path
+    inside the JSON) and what is wrong, for a file that is missing, not JSON, not a ragen evaluation result, or fails
+    the schema. ``consistency=False`` checks types and ranges only, not that the summary agrees with the episodes
+    (what ``--rescore`` recomputes).
+    """
+    data = read_json(path)
+    problems = validate_result(data, consistency=consistency)
+    if problems:
+        raise ResultFileError(path, problems)
     return data
 
 

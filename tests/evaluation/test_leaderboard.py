@@ -161,14 +161,18 @@ def test_results_of_an_older_suite_version_stay_readable_and_labelled(result_fil
     import json
 
     from ragen_trainer.evaluation.runner import load_result
+    from ragen_trainer.evaluation.suites import suite_hash
 
     old = load_result(result_files[3])
-    old["suite"]["id"], old["suite"]["version"] = "test-v0", 0  # as written before the protocol was recorded
-    for entry in old["suite"]["definition"]["envs"]:
+    suite = old["suite"]  # as an older suite was written: no protocol recorded, its own name and hash
+    suite["definition"]["name"] = suite["name"] = "old"
+    suite["id"] = "old-v1"
+    for entry in suite["definition"]["envs"]:
         entry.pop("protocol")
+    suite["hash"] = suite_hash(suite["definition"])
     path = tmp_path / "old.json"
     path.write_text(json.dumps(old))
     markdown, _ = build_leaderboard([result_files[0], path], markdown_path=tmp_path / "lb.md",
                                     html_path=tmp_path / "lb.html")  # fmt: skip
-    assert "Suite `test-v0`" in markdown and "protocol: not recorded" in markdown
+    assert "Suite `old-v1`" in markdown and "protocol: not recorded" in markdown
     assert "Suite `test-v1`" in markdown and "Bandit 1/1/1" in markdown  # the current suite names its protocol
