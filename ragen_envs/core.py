@@ -106,7 +106,7 @@ class BaseTextEnv(gym.Env[str, str]):
     #: Extra spellings (lower-case) mapped to canonical names, e.g. ``{"north": "Up"}``.
     action_synonyms: ClassVar[dict[str, str]] = {}
     #: The reference's prompt text for this env (RAGEN ``config/envs.yaml`` ``env_instruction``), opening the first
-    #: user message under the reference prompt layout. ``None`` (envs the reference does not have): :attr:`instructions`.
+    #: user message under the reference prompt layout. ``None`` (an env the reference lacks): :attr:`instructions`.
     reference_instruction: ClassVar[str | None] = None
     #: The symbol legend the reference appends to the instruction (its env config's ``grid_vocab``); empty: none.
     reference_legend: ClassVar[dict[str, str]] = {}

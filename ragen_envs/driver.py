@@ -1,6 +1,6 @@
 """The one episode driver: play batches of episodes of a ragen env with any agent.
 
-Training rollouts, validation, ``ragen-trainer eval``, ``ragen-demo`` and the TRL adapter all play episodes through
+Training rollouts, validation, ``ragen-trainer eval`` and ``ragen-demo`` all play episodes through
 :func:`play_episodes`, so they cannot drift apart: the same seeds and the same agent give the same episodes wherever
 they are played.
 

@@ -48,7 +48,9 @@ def make_text_env(
     if isinstance(protocol, ProtocolSettings):
         protocol = protocol.to_dict()  # every field of it is given; a differing keyword is then a conflict
     check_arg(protocol is None or isinstance(protocol, dict), "protocol", protocol, "a dict or a ProtocolSettings")
-    settings = merge_settings(base_settings, [("the protocol argument", protocol), ("gymnasium.make keywords", keyword_fields)])
+    settings = merge_settings(
+        base_settings, [("the protocol argument", protocol), ("gymnasium.make keywords", keyword_fields)]
+    )
     env: gym.Env = TurnProtocol(cls(**kwargs), settings)
     if reward_wrappers:
         from ragen_envs.rewards import wrap_rewards  # only loaded when asked for: ``import ragen_envs`` stays light

@@ -41,7 +41,9 @@ AUTO_PREFIX = "auto"
 class ProtocolSettings:
     """The settings of the turn protocol (one model reply per step). Defaults: RAGEN's ``config/base.yaml``."""
 
-    max_turns: int = field(default=5, metadata={"help": "Turns before the episode is truncated (agent_proxy.max_turn)."})
+    max_turns: int = field(
+        default=5, metadata={"help": "Turns before the episode is truncated (agent_proxy.max_turn)."}
+    )
     actions_per_turn: int = field(
         default=5, metadata={"help": "Most actions executed per reply; extra ones are dropped (max_actions_per_turn)."}
     )
