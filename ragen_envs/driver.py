@@ -29,7 +29,7 @@ slot and reset for each episode (:class:`EnvSlots`; WebShop starts its server on
 from __future__ import annotations
 
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -220,6 +220,7 @@ def play_episodes(
     envs: EnvSlots | None = None,
     on_error: str = "raise",
     progress: Any = None,
+    on_reset: Callable[[Episode], None] | None = None,
     on_step: Callable[[Episode, Turn], None] | None = None,
     on_batch_end: Callable[[list[Episode]], None] | None = None,
 ) -> list[Episode]:
@@ -237,6 +238,7 @@ def play_episodes(
             episode ends with ``error`` set and the others go on).
         progress: a tqdm-like bar updated by one per finished episode (``update(n)``, optional
             ``set_postfix_str``), or ``None``.
+        on_reset: called with each episode after its reset, while the env holds the initial state (e.g. to record it).
         on_step: called after each step with the episode and its new turn, while the env holds that state (e.g. to
             record the grid after the turn).
         on_batch_end: called with each batch's finished episodes while their envs still hold the final states.
@@ -260,6 +262,10 @@ def play_episodes(
                 _start_episode(env_id, env_name or env_id, job, slots.get(k), on_error)
                 for k, job in enumerate(jobs[start : start + size])
             ]
+            if on_reset is not None:
+                for episode in batch:
+                    if not episode.done:  # a failed reset ended the episode (on_error="record")
+                        on_reset(episode)
             _count(progress, sum(e.done for e in batch))
             _play_batch(batch, agent, on_error, progress, env_name or env_id, on_step)
             if on_batch_end is not None:  # the envs still hold each episode's final state here
@@ -366,14 +372,6 @@ def env_extras(info: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in info.items() if k not in INFO_KEYS and k not in PROTOCOL_INFO_KEYS}
 
 
-def episodes_by_group(episodes: Iterable[Episode]) -> dict[int, list[Episode]]:
-    """Episodes keyed by group id, rollouts in order."""
-    groups: dict[int, list[Episode]] = {}
-    for e in episodes:
-        groups.setdefault(e.group_id, []).append(e)
-    return groups
-
-
 __all__ = [
     "MAX_TURNS_GUARD",
     "PROTOCOL_INFO_KEYS",
@@ -385,7 +383,6 @@ __all__ = [
     "Turn",
     "dynamics_seed",
     "env_extras",
-    "episodes_by_group",
     "play_episodes",
     "rollout_jobs",
 ]

@@ -141,35 +141,19 @@ class ProtocolSettings:
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "protocol settings") -> ProtocolSettings:
         """Build from a dict of field values; an unknown key is a ``ValueError`` naming ``where`` and the fields."""
         check_arg(isinstance(data, Mapping), where, data, "a dict of protocol settings")
-        unknown = sorted(set(data) - set(FIELD_NAMES))
-        if unknown:
-            raise ValueError(f"invalid {where}: unknown setting(s) {unknown}; accepted: {list(FIELD_NAMES)}")
+        _check_fields(data, where)
         return cls(**dict(data))
 
     def updated(self, overrides: Mapping[str, Any], *, where: str = "protocol settings") -> ProtocolSettings:
         """A copy with ``overrides`` applied (validated; unknown keys name ``where``)."""
         if not overrides:
             return self
-        unknown = sorted(set(overrides) - set(FIELD_NAMES))
-        if unknown:
-            raise ValueError(f"invalid {where}: unknown setting(s) {unknown}; accepted: {list(FIELD_NAMES)}")
+        _check_fields(overrides, where)
         return replace(self, **dict(overrides))
-
-    def describe(self) -> str:
-        """One line for logs: ``max_turns=5 actions_per_turn=5 ...``."""
-        return " ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
 
 
 #: The field names, in declaration order.
 FIELD_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ProtocolSettings))
-
-
-def field_help(name: str) -> str:
-    """The help text of one field (used by the trainer's CLI and docs)."""
-    for f in fields(ProtocolSettings):
-        if f.name == name:
-            return str(f.metadata.get("help", ""))
-    raise KeyError(name)
 
 
 def split_protocol_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -191,9 +175,7 @@ def merge_settings(
         if not overrides:
             continue
         check_arg(isinstance(overrides, Mapping), place, overrides, "a dict of protocol settings")
-        unknown = sorted(set(overrides) - set(FIELD_NAMES))
-        if unknown:
-            raise ValueError(f"invalid {place}: unknown protocol setting(s) {unknown}; accepted: {list(FIELD_NAMES)}")
+        _check_fields(overrides, place)
         for key, value in overrides.items():
             if key in chosen and not _same(chosen[key][1], value):
                 first_place, first_value = chosen[key]
@@ -203,6 +185,13 @@ def merge_settings(
                 )
             chosen.setdefault(key, (place, value))
     return base.updated({k: v for k, (_, v) in chosen.items()})
+
+
+def _check_fields(keys: Iterable[str], where: str) -> None:
+    """A ``ValueError`` naming ``where`` when ``keys`` hold a name that is not a settings field."""
+    unknown = sorted(set(keys) - set(FIELD_NAMES))
+    if unknown:
+        raise ValueError(f"invalid {where}: unknown protocol setting(s) {unknown}; accepted: {list(FIELD_NAMES)}")
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -227,7 +216,6 @@ __all__ = [
     "FIELD_NAMES",
     "PROMPT_LAYOUTS",
     "ProtocolSettings",
-    "field_help",
     "merge_settings",
     "split_protocol_kwargs",
 ]

@@ -164,7 +164,6 @@ def _oracle_countdown(ctx: TurnContext) -> tuple[str, list[str]]:
 
 
 # FrozenLake: finite-horizon value iteration on the known map (the env's own planner) ------------------------------
-_FL_ACTIONS = FL_ACTIONS  # the env's action order
 
 
 def _oracle_frozen_lake(ctx: TurnContext) -> tuple[str, list[str]]:
@@ -189,7 +188,7 @@ def _oracle_frozen_lake(ctx: TurnContext) -> tuple[str, list[str]]:
     for i in range(n):
         q = belief @ (P @ values[budget - i - 1])  # expected value of each action under the belief
         a = int(np.argmax(q))
-        actions.append(_FL_ACTIONS[a])
+        actions.append(FL_ACTIONS[a])
         belief = belief @ P[:, a, :]
     think = (
         f"I am at {tuple(view['player'])}, the goal at {tuple(view['goal'])}. Value iteration gives success "
@@ -433,15 +432,20 @@ class ModelAgent(Agent):
     # -------------------------------------------------------------------------------------------- acting
     def begin_env(self, entry: Any) -> None:
         """Called by the runner before each env of the suite: take that env's pinned decoding and protocol."""
-        from ragen_trainer.engines import SamplingParams
-        from ragen_trainer.rollout import TokenAgent, check_prefix_supported
+        from ragen_trainer.rollout import check_prefix_supported
 
         check_prefix_supported(self.engine, entry.protocol, f"the suite's env {entry.name!r}")
-        self.decoding = dict(entry.decoding)
-        self._env_name = entry.name
-        d = self.decoding
-        params = SamplingParams(temperature=float(d["temperature"]), top_p=float(d["top_p"]),
-                                max_new_tokens=int(d["max_new_tokens"]))  # fmt: skip
+        self._start(entry.name, entry.decoding)
+
+    def _start(self, env_name: str, decoding: dict[str, Any]) -> None:
+        """Generate from now on with ``decoding`` (the suite's keys), sampling seeds derived from ``env_name``."""
+        from ragen_trainer.engines import SamplingParams
+        from ragen_trainer.rollout import TokenAgent
+
+        self.decoding = dict(decoding)
+        self._env_name = env_name
+        params = SamplingParams(temperature=float(decoding["temperature"]), top_p=float(decoding["top_p"]),
+                                max_new_tokens=int(decoding["max_new_tokens"]))  # fmt: skip
         tokenizer = getattr(self.engine, "tokenizer", None)
         self._agent = TokenAgent(self.engine, tokenizer, params, max_context_tokens=self.max_context_tokens,
                                  seed_for=self._seed_for)  # fmt: skip
@@ -456,14 +460,10 @@ class ModelAgent(Agent):
     def reply_batch(self, contexts: list[TurnContext]) -> list[AgentReply]:
         if not contexts:
             return []
-        if self._agent is None:  # used outside the runner: the default decoding and the contexts' own protocol
-            from types import SimpleNamespace
+        if self._agent is None:  # used outside the runner: the suites' default decoding
+            from ragen_trainer.evaluation.suites import DEFAULT_DECODING
 
-            from ragen_envs.settings import ProtocolSettings
-
-            self.begin_env(SimpleNamespace(name=contexts[0].env_name, protocol=ProtocolSettings(),
-                                           decoding={"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 400,
-                                                     "seed": 0}))  # fmt: skip
+            self._start(contexts[0].env_name, DEFAULT_DECODING)
         return self._agent.reply_batch(contexts)
 
     def close(self) -> None:

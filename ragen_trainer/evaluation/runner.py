@@ -190,18 +190,14 @@ def run_env(
             records.append(_episode_record(entry, episode, states.pop(id(episode), []),
                                            initial.pop(id(episode), None), final_view))
 
-    class _Recording:
-        """Notes each episode's initial grid before its first reply (the leaderboard draws it)."""
-
-        def reply_batch(self, episodes: list[Episode]) -> list[Any]:
-            for e in episodes:
-                if not e.turns and id(e) not in initial and e.env is not None:
-                    initial[id(e)] = e.env.unwrapped.state_text() if is_grid_env(e.env) else None
-            return agent.reply_batch(episodes)
+    def on_reset(episode: Episode) -> None:  # the leaderboard draws the initial grid
+        grid = episode.env is not None and is_grid_env(episode.env)
+        initial[id(episode)] = episode.env.unwrapped.state_text() if grid else None
 
     with _make_slots(entry) as slots:
-        play_episodes(entry.env_id, jobs, _Recording(), env_name=entry.name, batch_size=batch_size, envs=slots,
-                      on_error="record", progress=progress, on_step=on_step, on_batch_end=on_batch_end)
+        play_episodes(entry.env_id, jobs, agent, env_name=entry.name, batch_size=batch_size, envs=slots,
+                      on_error="record", progress=progress, on_reset=on_reset, on_step=on_step,
+                      on_batch_end=on_batch_end)  # fmt: skip
     return records
 
 
