@@ -87,26 +87,16 @@ def bench_raw(env_id: str, seconds: float) -> tuple[float, float]:
 
 def bench_protocol(env_id: str, seconds: float) -> tuple[float, float]:
     base = gym.make(env_id).unwrapped
-    env = TurnProtocol(base, **_protocol_kwargs(env_id))
+    env = TurnProtocol(base, ragen_envs.reference_settings(env_id))  # the id's own protocol settings
     return _bench_steps(env, _replies_for(_actions_for(env_id, base)), seconds)
-
-
-def _protocol_kwargs(env_id: str) -> dict:
-    # The registered defaults minus the env-class argument (the ids' defaults are the protocol's defaults here).
-    spec = gym.spec(env_id)
-    kwargs = dict(spec.kwargs)
-    kwargs.pop("env_cls", None)
-    from ragen_envs.protocol import PROTOCOL_KWARGS
-
-    return {k: v for k, v in kwargs.items() if k in PROTOCOL_KWARGS}
 
 
 def offline_env_ids() -> list[str]:
     ids = []
-    for env_id, (cls_path, _) in ragen_envs.ENV_IDS.items():
+    for env_id, spec in ragen_envs.ENV_IDS.items():
         if "WebShop" in env_id:
             continue  # needs a running server: not a single-process benchmark
-        if importlib.util.find_spec(cls_path.partition(":")[0]) is None:
+        if importlib.util.find_spec(spec.env_cls.partition(":")[0]) is None:
             continue
         ids.append(env_id)
     return ids
