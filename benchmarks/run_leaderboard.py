@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", default=None, help="comma-separated env names (default: all of the suite)")
     parser.add_argument("--max-states", type=int, default=None, help="only the first N seeds per env")
     parser.add_argument("--model", default=None, help="also evaluate this model (smollm2 = the bundled one)")
-    parser.add_argument("--engine", default="hf", choices=("hf", "vllm", "openai"))
+    parser.add_argument("--engine", default="hf", choices=("hf", "hf-generate", "vllm", "openai"))
     parser.add_argument("--base-url", default=None, help="endpoint for --engine openai")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--batch-size", type=int, default=16)

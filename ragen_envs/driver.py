@@ -21,15 +21,28 @@ happens after the reset (``options["dynamics_seed"]`` = :func:`dynamics_seed`), 
 independent payouts and slips. A single-rollout evaluation and rollout 0 of a training group are therefore the same
 episode.
 
-Batches. ``batch_size`` episodes are played at a time (all of them by default), turn-synchronously: every turn the
-agent answers all live episodes of the batch in one call, then each reply is stepped. Envs are made once per batch
-slot and reset for each episode (:class:`EnvSlots`; WebShop starts its server once, not per episode).
+Two ways to play, picked by what the agent offers:
+
+* **Turn-synchronous** (an agent with ``reply_batch``): ``batch_size`` episodes are played at a time (all of them by
+  default); every turn the agent answers all live episodes of the batch in one call, then each reply is stepped.
+* **Streaming** (a :class:`StreamingAgent`, e.g. ``ragen_trainer.rollout.TokenAgent``): every episode advances on its
+  own. The driver submits an episode's turn to the agent as soon as the episode is ready, steps the env as soon as
+  the reply comes back, and starts the next job in a slot as soon as an episode ends (up to ``batch_size`` episodes
+  live). The agent keeps generating for the other episodes meanwhile: with a continuous-batching engine the model's
+  batch stays full while episodes end at different turns. With ``env_workers`` > 0 env steps run in threads, so slow
+  steps (WebShop's HTTP round trips) overlap with generation; by default only envs that declare ``io_bound = True``
+  get threads (in-process envs step in microseconds, and inline steps keep the order of events reproducible).
+
+Envs are made once per slot and reset for each episode (:class:`EnvSlots`; WebShop starts its server once, not per
+episode).
 """
 
 from __future__ import annotations
 
 import traceback
+from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -147,9 +160,35 @@ class Episode:
 
 
 class Agent(Protocol):
-    """What :func:`play_episodes` asks of an agent."""
+    """What :func:`play_episodes` asks of a turn-synchronous agent."""
 
     def reply_batch(self, episodes: list[Episode]) -> list[AgentReply | str]: ...
+
+
+class StreamingAgent(Protocol):
+    """What :func:`play_episodes` asks of a streaming agent (episodes advance independently).
+
+    ``submit`` asks for an episode's next reply (it may answer at once, e.g. a ``stop`` when the context is full);
+    ``poll`` advances the agent's work a little and returns the replies that are ready; ``pending`` says whether
+    replies are still to come; ``release`` says an episode is over; ``finish_stream`` ends the play.
+    """
+
+    def submit(self, episode: Episode) -> AgentReply | str | None: ...
+
+    def poll(self) -> list[tuple[Episode, AgentReply | str]]: ...
+
+    def pending(self) -> bool: ...
+
+    def release(self, episode: Episode) -> None: ...
+
+    def finish_stream(self) -> None: ...
+
+
+def is_streaming(agent: object) -> bool:
+    """``agent`` implements :class:`StreamingAgent`."""
+    return all(
+        callable(getattr(agent, name, None)) for name in ("submit", "poll", "pending", "release", "finish_stream")
+    )
 
 
 def dynamics_seed(seed: int, rollout: int) -> int:
@@ -202,7 +241,7 @@ class EnvSlots:
             env.close()
         self._envs.clear()
 
-    def __enter__(self) -> EnvSlots:
+    def __enter__(self) -> EnvSlots:  # noqa: PYI034 (Python 3.10 has no typing.Self)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -223,16 +262,17 @@ def play_episodes(
     on_reset: Callable[[Episode], None] | None = None,
     on_step: Callable[[Episode, Turn], None] | None = None,
     on_batch_end: Callable[[list[Episode]], None] | None = None,
+    env_workers: int | None = None,
 ) -> list[Episode]:
     """Play every job with ``agent``; returns the finished episodes in job order.
 
     Args:
         env_id: a registered ragen id (``"ragen/Sokoban-v0"``).
         jobs: the episodes to play (:func:`rollout_jobs` makes the usual ``P x N`` groups).
-        agent: answers the live episodes of a batch each turn (see the module docstring).
+        agent: a turn-synchronous agent (``reply_batch``) or a :class:`StreamingAgent` (see the module docstring).
         env_kwargs: ``gymnasium.make`` keyword arguments (env arguments and protocol settings).
         env_name: a display name for records (default: ``env_id``).
-        batch_size: episodes played at a time (``None``: all at once).
+        batch_size: episodes played at a time (``None``: all at once); streaming: most episodes live at once.
         envs: reuse these env slots (the caller closes them); default: make them here and close them at the end.
         on_error: ``"raise"`` (training: a failing agent or env stops the run) or ``"record"`` (evaluation: the
             episode ends with ``error`` set and the others go on).
@@ -241,7 +281,10 @@ def play_episodes(
         on_reset: called with each episode after its reset, while the env holds the initial state (e.g. to record it).
         on_step: called after each step with the episode and its new turn, while the env holds that state (e.g. to
             record the grid after the turn).
-        on_batch_end: called with each batch's finished episodes while their envs still hold the final states.
+        on_batch_end: called with each batch's finished episodes while their envs still hold the final states
+            (streaming: with each episode as it ends).
+        env_workers: streaming only: threads that step envs while the agent generates (0: step inline); ``None``:
+            ``4`` when the env declares ``io_bound = True`` (WebShop), else 0.
     """
     check_arg(on_error in ("raise", "record"), "on_error", on_error, "'raise' or 'record'")
     check_arg(
@@ -250,12 +293,31 @@ def play_episodes(
         batch_size,
         "None or an int >= 1",
     )
-    check_arg(callable(getattr(agent, "reply_batch", None)), "agent", agent, "an object with reply_batch(episodes)")
+    streaming = is_streaming(agent)
+    check_arg(
+        streaming or callable(getattr(agent, "reply_batch", None)),
+        "agent",
+        agent,
+        "an object with reply_batch(episodes), or a StreamingAgent (submit, poll, pending, release, finish_stream)",
+    )
+    check_arg(
+        env_workers is None or (isinstance(env_workers, int) and env_workers >= 0),
+        "env_workers",
+        env_workers,
+        "None or an int >= 0",
+    )
     jobs = list(jobs)
     own_envs = envs is None
     slots = envs if envs is not None else EnvSlots(env_id, env_kwargs)
     size = batch_size or max(len(jobs), 1)
     finished: list[Episode] = []
+    if streaming:
+        hooks = _Hooks(on_reset, on_step, on_batch_end, progress, env_name or env_id)
+        try:
+            return _Stream(env_id, env_name or env_id, jobs, agent, slots, size, on_error, env_workers, hooks).run()
+        finally:
+            if own_envs:
+                slots.close()
     try:
         for start in range(0, len(jobs), size):
             batch = [
@@ -277,6 +339,183 @@ def play_episodes(
         if own_envs:
             slots.close()
     return finished
+
+
+@dataclass
+class _Hooks:
+    on_reset: Callable[[Episode], None] | None
+    on_step: Callable[[Episode, Turn], None] | None
+    on_end: Callable[[list[Episode]], None] | None
+    progress: Any
+    env_name: str
+
+
+class _Stream:
+    """The streaming play (see the module docstring): a loop over three queues, no recursion.
+
+    ``to_ask``: episodes whose next reply must be requested; ``answered``: replies to apply; ``stepping``: env steps
+    running in threads. Slots are handed to the next job as soon as an episode ends.
+    """
+
+    def __init__(self, env_id: str, env_name: str, jobs: list[EpisodeJob], agent: Any, slots: EnvSlots, size: int,
+                 on_error: str, env_workers: int | None, hooks: _Hooks) -> None:  # fmt: skip
+        self.env_id, self.env_name, self.agent, self.slots = env_id, env_name, agent, slots
+        self.on_error, self.hooks, self.env_workers = on_error, hooks, env_workers
+        self.jobs: deque[tuple[int, EpisodeJob]] = deque(enumerate(jobs))
+        self.results: list[Episode | None] = [None] * len(jobs)
+        self.free = list(range(min(size, max(len(jobs), 1))))[::-1]  # pop() gives slot 0 first
+        self.slot_of: dict[int, tuple[int, int]] = {}  # id(episode) -> (job index, slot)
+        self.to_ask: deque[Episode] = deque()
+        self.answered: deque[tuple[Episode, AgentReply]] = deque()
+        self.asked: dict[int, Episode] = {}  # id(episode) -> episode waiting for the agent
+        self.stepping: dict[Future, Episode] = {}
+        self.pool: ThreadPoolExecutor | None = None
+
+    def run(self) -> list[Episode]:
+        try:
+            while True:
+                self._start_jobs()
+                while self.to_ask:
+                    self._ask(self.to_ask.popleft())
+                while self.answered:
+                    self._apply(*self.answered.popleft())
+                if self.to_ask or self.answered or (self.jobs and self.free):
+                    continue
+                if self.asked and self.agent.pending():
+                    self._poll()
+                elif self.stepping:
+                    done, _ = wait(list(self.stepping), return_when=FIRST_COMPLETED)
+                    for future in done:
+                        self._after_step(self.stepping.pop(future), future)
+                elif self.asked:
+                    raise RuntimeError(f"the agent has no pending work but owes {len(self.asked)} replies")
+                else:
+                    break
+                for future in [f for f in self.stepping if f.done()]:
+                    self._after_step(self.stepping.pop(future), future)
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+            self.agent.finish_stream()
+        return [e for e in self.results if e is not None]
+
+    # ---------------------------------------------------------------- episodes in and out of slots
+    def _start_jobs(self) -> None:
+        while self.jobs and self.free:
+            index, job = self.jobs.popleft()
+            slot = self.free.pop()
+            env = self.slots.get(slot)
+            if self.pool is None and self._workers(env) > 0:
+                self.pool = ThreadPoolExecutor(self._workers(env), thread_name_prefix="ragen-env")
+            episode = _start_episode(self.env_id, self.env_name, job, env, self.on_error)
+            self.slot_of[id(episode)] = (index, slot)
+            if episode.done:
+                self._end_episode(episode)
+                continue
+            if self.hooks.on_reset is not None:
+                self.hooks.on_reset(episode)
+            self.to_ask.append(episode)
+
+    def _workers(self, env: gym.Env) -> int:
+        if self.env_workers is not None:
+            return self.env_workers
+        return 4 if getattr(env.unwrapped, "io_bound", False) else 0
+
+    def _end_episode(self, episode: Episode) -> None:
+        index, slot = self.slot_of.pop(id(episode))
+        self.agent.release(episode)
+        if self.hooks.on_end is not None:
+            self.hooks.on_end([episode])  # the env still holds the final state
+        episode.env = None  # the slot is reused; the record keeps no live env
+        self.results[index] = episode
+        self.free.append(slot)
+        _count(self.hooks.progress, 1)
+        if self.hooks.progress is not None and hasattr(self.hooks.progress, "set_postfix_str"):
+            self.hooks.progress.set_postfix_str(f"{self.env_name}: {len(self.slot_of)} live")
+
+    # ---------------------------------------------------------------- the agent
+    def _ask(self, episode: Episode) -> None:
+        if len(episode.turns) >= MAX_TURNS_GUARD:
+            _end(episode, error=f"the episode did not end within {MAX_TURNS_GUARD} turns")
+            self._end_episode(episode)
+            return
+        try:
+            reply = self.agent.submit(episode)
+        except Exception:
+            if self.on_error == "raise":
+                raise
+            self._record_failure([episode])
+            return
+        if reply is None:
+            self.asked[id(episode)] = episode
+        else:
+            self.answered.append((episode, _as_reply(reply)))
+
+    def _poll(self) -> None:
+        try:
+            ready = self.agent.poll()
+        except Exception:
+            if self.on_error == "raise":
+                raise
+            self._record_failure(list(self.asked.values()))
+            self.asked.clear()
+            return
+        for episode, reply in ready:
+            if self.asked.pop(id(episode), None) is None:
+                raise RuntimeError(f"the agent replied to an episode it was not asked about (seed {episode.seed})")
+            self.answered.append((episode, _as_reply(reply)))
+
+    def _record_failure(self, episodes: list[Episode]) -> None:
+        """End ``episodes`` with the exception being handled (``on_error="record"``)."""
+        message = traceback.format_exc(limit=3)
+        for episode in episodes:
+            _end(episode, error=message)
+            self._end_episode(episode)
+
+    # ---------------------------------------------------------------- the env
+    def _apply(self, episode: Episode, reply: AgentReply) -> None:
+        if reply.stop is not None:
+            _end(episode, truncated=True, reason=reply.stop)
+            self._end_episode(episode)
+        elif self.pool is not None:
+            self.stepping[self.pool.submit(_step, episode, reply)] = episode
+        else:
+            try:
+                _step(episode, reply)
+            except Exception:
+                if self.on_error == "raise":
+                    raise
+                self._record_failure([episode])
+                return
+            self._stepped(episode)
+
+    def _after_step(self, episode: Episode, future: Future) -> None:
+        try:
+            future.result()
+        except Exception:
+            if self.on_error == "raise":
+                raise
+            self._record_failure([episode])
+            return
+        self._stepped(episode)
+
+    def _stepped(self, episode: Episode) -> None:
+        try:
+            if self.hooks.on_step is not None:
+                self.hooks.on_step(episode, episode.turns[-1])
+        except Exception:
+            if self.on_error == "raise":
+                raise
+            self._record_failure([episode])
+            return
+        if episode.done:
+            self._end_episode(episode)
+        else:
+            self.to_ask.append(episode)
+
+
+def _as_reply(reply: AgentReply | str) -> AgentReply:
+    return reply if isinstance(reply, AgentReply) else AgentReply(str(reply))
 
 
 def _start_episode(env_id: str, env_name: str, job: EpisodeJob, env: gym.Env, on_error: str) -> Episode:
@@ -380,9 +619,11 @@ __all__ = [
     "EnvSlots",
     "Episode",
     "EpisodeJob",
+    "StreamingAgent",
     "Turn",
     "dynamics_seed",
     "env_extras",
+    "is_streaming",
     "play_episodes",
     "rollout_jobs",
 ]

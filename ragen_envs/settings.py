@@ -86,6 +86,13 @@ class ProtocolSettings:
             "the reference), '' (none) or the text."
         },
     )
+    stop_after_answer: bool = field(
+        default=True,
+        metadata={
+            "help": "End each reply at its first </answer> (the reference's parser keeps nothing after it, so the "
+            "tokens would only be trained on); False lets the model write on to its end-of-turn token or the limit."
+        },
+    )
     max_reply_chars: int = field(
         default=MAX_REPLY_CHARS, metadata={"help": "A longer reply is cut to this many characters before parsing."}
     )
@@ -107,6 +114,9 @@ class ProtocolSettings:
         check_arg(isinstance(self.enable_think, bool), "enable_think", self.enable_think, "True or False")
         check_arg(isinstance(self.bare_answers, bool), "bare_answers", self.bare_answers, "True or False")
         check_arg(isinstance(self.lenient_actions, bool), "lenient_actions", self.lenient_actions, "True or False")
+        check_arg(
+            isinstance(self.stop_after_answer, bool), "stop_after_answer", self.stop_after_answer, "True or False"
+        )
         check_arg(
             isinstance(self.format_penalty, (int, float))
             and not isinstance(self.format_penalty, bool)
@@ -131,6 +141,11 @@ class ProtocolSettings:
         if self.reply_prefix != AUTO_PREFIX:
             return self.reply_prefix
         return "<think>" if self.enable_think else "<answer>"
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end a reply during generation (``SamplingParams.stop``)."""
+        return ("</answer>",) if self.stop_after_answer else ()
 
     # ------------------------------------------------------------------ conversions
     def to_dict(self) -> dict[str, Any]:
@@ -161,9 +176,7 @@ def split_protocol_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: kwargs.pop(k) for k in FIELD_NAMES if k in kwargs}
 
 
-def merge_settings(
-    base: ProtocolSettings, sources: Iterable[tuple[str, Mapping[str, Any] | None]]
-) -> ProtocolSettings:
+def merge_settings(base: ProtocolSettings, sources: Iterable[tuple[str, Mapping[str, Any] | None]]) -> ProtocolSettings:
     """Apply the overrides of several named places on top of ``base``.
 
     ``sources`` are ``(place, overrides)`` pairs, e.g. ``[("config.protocol", {...}), ("env_kwargs", {...}),

@@ -40,7 +40,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "kl_estimator": ("k1", "k3"),
     "loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "reward_placement": ("turn", "trajectory"),
-    "engine": ("hf", "vllm"),
+    "engine": ("hf", "hf-generate", "vllm"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
 }
@@ -99,9 +99,10 @@ class StarPOConfig:
     max_context_tokens: int = _f(3600, "Most tokens of a whole conversation; the episode is truncated beyond it.")
     temperature: float = _f(1.0, "Sampling temperature of training rollouts (log-probs are taken at it too).")
     top_p: float = _f(1.0, "Nucleus sampling of training rollouts.")
-    generation_batch_size: int = _f(32, "Prompts per generate call of the hf engine (memory vs. speed).")
-    engine: str = _f("hf", "Generation engine: hf (the trained model, in process) or vllm (a vLLM server that receives the new "
-        "weights every step).")
+    generation_batch_size: int = _f(32, "Rows the hf engine decodes together (memory vs. speed).")
+    engine: str = _f("hf", "Generation engine: hf (the trained model, in process: KV cache kept across turns, continuous "
+        "batching), hf-generate (model.generate from scratch every turn, the plain baseline) or vllm (a vLLM server "
+        "that receives the new weights every step).")
     engine_url: str = _f("", "Base URL of the vllm/openai server (e.g. http://127.0.0.1:8000); unused by hf.")
 
     # ------------------------------------------------------------------ advantage (paper Sec. 3 / 4)

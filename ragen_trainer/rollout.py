@@ -59,10 +59,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
+import numpy as np
+
 from ragen_envs.core import check_arg
 from ragen_envs.driver import AgentReply, Episode, play_episodes, rollout_jobs
 from ragen_envs.settings import AUTO_PREFIX, ProtocolSettings
-from ragen_trainer.engines.base import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationResult, SamplingParams
+from ragen_trainer.engines.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    BatchSession,
+    GenerationEngine,
+    GenerationRequest,
+    GenerationResult,
+    GenerationSession,
+    SamplingParams,
+)
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
 
 #: Stands in for the latest reply when the chat template is rendered to find the text that follows a reply.
@@ -205,13 +216,18 @@ class TokenAgent:
         self.engine = engine
         self.token_engine = bool(getattr(engine, "supports_token_ids", True))
         if self.token_engine:
-            check_arg(tokenizer is not None, "tokenizer", tokenizer, "the policy's tokenizer (a token engine needs one)")
+            check_arg(
+                tokenizer is not None, "tokenizer", tokenizer, "the policy's tokenizer (a token engine needs one)"
+            )
         self.chat = ChatTokens(tokenizer) if tokenizer is not None else None
         self.sampling = sampling
         self.max_context_tokens = max_context_tokens
         self.seed_for = seed_for or (lambda episodes, turn: _sampling_seed(sampling.seed, turn))
         self.timings = {"generation": 0.0, "tokenization": 0.0}
         self._prefix_ids: dict[str, list[int]] = {}
+        self._session: GenerationSession | None = None
+        self._session_stop: tuple[str, ...] | None = None
+        self._asked: dict[int, Episode] = {}  # id(episode) -> episode whose reply is being generated
 
     # ---------------------------------------------------------------- per-episode token state
     def _state(self, episode: Episode) -> dict[str, Any]:
@@ -250,49 +266,95 @@ class TokenAgent:
         _add(state, ids, trained=False)
         return True
 
-    # ---------------------------------------------------------------- the agent
-    def reply_batch(self, episodes: list[Episode]) -> list[AgentReply]:
-        replies: list[AgentReply] = [AgentReply("", stop="context full") for _ in episodes]
+    # ---------------------------------------------------------------- the agent (streaming, see ragen_envs.driver)
+    def submit(self, episode: Episode) -> AgentReply | None:
+        """Queue ``episode``'s next reply: its prompt grows by the env's delta (the engine re-encodes nothing it
+        still holds). Answers at once, with ``stop="context full"``, when the context has no room left."""
         t0 = time.perf_counter()
-        ready: list[int] = []
-        for i, episode in enumerate(episodes):
-            state = self._state(episode)
-            if self.chat is None or self._extend_prompt(episode, state):
-                ready.append(i)
+        state = self._state(episode)
+        fits = self.chat is None or self._extend_prompt(episode, state)
         self.timings["tokenization"] += time.perf_counter() - t0
-        if not ready:
-            return replies
-
-        turn = max(len(episodes[i].turns) for i in ready)
-        params = self.sampling.with_seed(self.seed_for([episodes[i] for i in ready], turn))
-        states = [episodes[i].memory["tokens"] for i in ready]
-        if self.chat is not None and self.token_engine:
-            # Never sample more than the roomiest live context can hold (longer replies would be cut anyway).
-            room = max(self.max_context_tokens - len(st["input_ids"]) for st in states)
-            if room < params.max_new_tokens:
-                params = replace(params, max_new_tokens=max(room, 1))
-        t0 = time.perf_counter()
+        if not fits:
+            return AgentReply("", stop="context full")
+        session = self._session_for(episode)
+        key = id(episode)
+        self._asked[key] = episode
+        turn = len(episode.turns)
+        seed = self.seed_for([episode], turn)
+        if seed is not None:  # one stream per episode and turn: a group's identical prompts sample their own replies
+            seed = int(np.random.SeedSequence([seed, episode.group_id, episode.rollout]).generate_state(1)[0])
         if self.token_engine:
-            results = self.engine.generate([st["input_ids"] for st in states], params)
+            room = self.max_context_tokens - len(state["input_ids"]) if self.chat is not None else None
+            session.submit(GenerationRequest(key, prompt=list(state["input_ids"]), seed=seed, max_new_tokens=room))
         else:
-            results = self.engine.generate_chat([_plain_messages(episodes[i].messages) for i in ready], params)
-        self.timings["generation"] += time.perf_counter() - t0
-        if len(results) != len(ready):
-            raise RuntimeError(f"{type(self.engine).__name__} returned {len(results)} replies for {len(ready)} prompts")
+            session.submit(GenerationRequest(key, messages=_plain_messages(episode.messages), seed=seed))
+        return None
 
+    def poll(self) -> list[tuple[Episode, AgentReply]]:
+        """Advance generation one engine step; returns the replies that finished, recorded in their episodes."""
+        if self._session is None:
+            return []
         t0 = time.perf_counter()
-        for i, state, result in zip(ready, states, results):
-            result = self._fit(state, result)
-            start = len(state["input_ids"])
-            if result.token_ids:
-                _add(state, result.token_ids, trained=True, logprobs=result.logprobs)
-            state["spans"].append((start, len(state["input_ids"])))
-            state["finish_reasons"].append(result.finish_reason)
-            state["last_reply_ids"] = result.token_ids
-            # The reply as the env and the chat see it: the prefix the model continued from, then its text.
-            replies[i] = AgentReply(state["prefix"] + result.text, len(result.token_ids) or None)
+        finished = self._session.step()
+        self.timings["generation"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        replies = []
+        for key, result in finished:
+            episode = self._asked.pop(key)
+            replies.append((episode, self._record(episode.memory["tokens"], result)))
         self.timings["tokenization"] += time.perf_counter() - t0
         return replies
+
+    def pending(self) -> bool:
+        return self._session is not None and self._session.busy
+
+    def release(self, episode: Episode) -> None:
+        if self._session is not None:
+            self._session.release(id(episode))
+
+    def finish_stream(self) -> None:
+        """End the engine session (its caches are dropped; the next episode opens a new one)."""
+        if self._session is not None:
+            self._session.close()
+        self._session, self._session_stop = None, None
+        self._asked.clear()
+
+    def reply_batch(self, episodes: list[Episode]) -> list[AgentReply]:
+        """The turn-synchronous form: one reply for each of ``episodes`` (queued together, generated together)."""
+        replies: dict[int, AgentReply] = {}
+        for episode in episodes:
+            reply = self.submit(episode)
+            if reply is not None:
+                replies[id(episode)] = reply
+        while self.pending():
+            for episode, reply in self.poll():
+                replies[id(episode)] = reply
+        return [replies[id(e)] for e in episodes]
+
+    def _session_for(self, episode: Episode) -> GenerationSession:
+        stop = episode.protocol.settings.stop_strings
+        if self._session is not None and stop != self._session_stop:
+            if self._asked:
+                raise ValueError(f"episodes with different stop strings ({stop} vs {self._session_stop}) in one play")
+            self.finish_stream()
+        if self._session is None:
+            params = replace(self.sampling, stop=stop)
+            opener = getattr(self.engine, "session", None)  # duck-typed engines get the batch-per-step session
+            self._session = opener(params) if callable(opener) else BatchSession(self.engine, params)
+            self._session_stop = stop
+        return self._session
+
+    def _record(self, state: dict[str, Any], result: GenerationResult) -> AgentReply:
+        """Append a reply's tokens to its episode's state; the reply as the env sees it."""
+        result = self._fit(state, result)
+        start = len(state["input_ids"])
+        if result.token_ids:
+            _add(state, result.token_ids, trained=True, logprobs=result.logprobs)
+        state["spans"].append((start, len(state["input_ids"])))
+        state["finish_reasons"].append(result.finish_reason)
+        state["last_reply_ids"] = result.token_ids
+        # The reply as the env and the chat see it: the prefix the model continued from, then its text.
+        return AgentReply(state["prefix"] + result.text, len(result.token_ids) or None)
 
     def _fit(self, state: dict[str, Any], result: GenerationResult) -> GenerationResult:
         """Re-tokenise chat-engine replies, and cut a reply that would overflow the context."""

@@ -255,8 +255,10 @@ class StarPOTrainer(Trainer):
 
         if engine is None:
             from ragen_trainer.engines.hf import HFEngine
+            from ragen_trainer.engines.hf_generate import GenerateEngine
 
-            engine = HFEngine(model, tokenizer, batch_size=config.generation_batch_size)
+            engine_cls = GenerateEngine if config.engine == "hf-generate" else HFEngine
+            engine = engine_cls(model, tokenizer, batch_size=config.generation_batch_size)
         self.engine = engine
 
         self._buffer: list[dict[str, Any]] | None = None
@@ -392,7 +394,7 @@ class StarPOTrainer(Trainer):
         """Give the engine the current weights. An in-process engine (hf, vLLM colocate) gets them on every
         process; a vLLM *server* is shared, so only the main process pushes, and everyone waits for the push."""
         server = getattr(self.engine, "mode", None) == "server"
-        if getattr(self.engine, "name", "") == "hf":
+        if getattr(self.engine, "name", "") in ("hf", "hf-generate"):
             self.engine.update_weights(unwrapped)
         elif not server or self.accelerator.is_main_process:
             self.engine.update_weights(_PolicyView(unwrapped))

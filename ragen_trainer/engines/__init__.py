@@ -1,4 +1,5 @@
-"""Generation engines: Hugging Face ``generate`` (default), vLLM (optional extra), OpenAI-compatible HTTP (eval only).
+"""Generation engines: ragen's own decoding loop on a Hugging Face model (``HFEngine``, default), plain
+``model.generate`` (``GenerateEngine``, the baseline), vLLM (optional extra), OpenAI-compatible HTTP (eval only).
 
 Heavy backends are imported only when their engine is used: ``from ragen_trainer.engines import HFEngine`` does not
 import vLLM.
@@ -19,6 +20,7 @@ from ragen_trainer.engines.base import (
 __all__ = [
     "FINISH_LENGTH",
     "FINISH_STOP",
+    "GenerateEngine",
     "GenerationEngine",
     "GenerationResult",
     "HFEngine",
@@ -33,6 +35,10 @@ def __getattr__(name: str) -> Any:  # lazy: torch / vllm / http only when asked 
         from ragen_trainer.engines.hf import HFEngine
 
         return HFEngine
+    if name == "GenerateEngine":
+        from ragen_trainer.engines.hf_generate import GenerateEngine
+
+        return GenerateEngine
     if name == "VLLMEngine":
         from ragen_trainer.engines.vllm import VLLMEngine
 

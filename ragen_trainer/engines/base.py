@@ -10,12 +10,20 @@ Two kinds of engines exist:
 
 ``supports_token_ids`` tells them apart; the rollout calls :meth:`GenerationEngine.generate` on the first kind and
 :meth:`GenerationEngine.generate_chat` on the second.
+
+Continuous batching. :meth:`GenerationEngine.session` opens a :class:`GenerationSession`: requests are submitted at any
+time (an episode's next turn as soon as its env has answered), :meth:`GenerationSession.step` advances generation and
+returns the replies that finished, and a request's ``key`` (its episode) lets an engine keep state between the turns of
+one episode (:class:`~ragen_trainer.engines.hf.HFEngine` keeps its KV cache). The default session
+(:class:`BatchSession`) generates everything queued in one :meth:`~GenerationEngine.generate` call per step, which is
+what engines with their own scheduler (vLLM) want.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -33,6 +41,8 @@ class SamplingParams:
     ``temperature=0`` means greedy decoding. ``top_k=0`` and ``top_p=1.0`` switch those filters off.
     ``seed`` makes sampling reproducible (same prompts, same seed, same engine and batch size: same replies);
     ``None`` draws from the engine's running random state.
+    ``stop`` lists stop strings: a reply ends right after the first occurrence of any of them, which stays in its text
+    (vLLM's ``include_stop_str_in_output``); the token that completed it is the reply's last token.
     """
 
     temperature: float = 1.0
@@ -40,6 +50,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 400
     seed: int | None = None
+    stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         check_arg(
@@ -76,6 +87,12 @@ class SamplingParams:
             "seed",
             self.seed,
             "None or an int >= 0",
+        )
+        check_arg(
+            isinstance(self.stop, tuple) and all(isinstance(x, str) and x for x in self.stop),
+            "stop",
+            self.stop,
+            "a tuple of non-empty strings (stop strings)",
         )
 
     @property
@@ -131,14 +148,145 @@ class GenerationEngine(ABC):
             prompts.append(list(self.tokenizer(text, add_special_tokens=False)["input_ids"]))
         return self.generate(prompts, params)
 
+    def session(self, params: SamplingParams) -> GenerationSession:
+        """A continuous-batching session sampling with ``params`` (each request brings its own seed)."""
+        return BatchSession(self, params)
+
     def update_weights(self, model: Any) -> None:
         """Make the next generation use ``model``'s current weights (on-policy sampling). Default: nothing to do."""
 
     def close(self) -> None:
         """Release resources (servers, GPU memory). Default: nothing to release."""
 
-    def __enter__(self) -> GenerationEngine:
+    def __enter__(self) -> GenerationEngine:  # noqa: PYI034 (Python 3.10 has no typing.Self)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One reply to generate in a :class:`GenerationSession`."""
+
+    key: Hashable
+    """Who asks (an episode): replies come back under it, and an engine may keep state under it between turns."""
+    prompt: list[int] | None = None
+    """The whole conversation so far as token ids, ending where the reply starts (token engines)."""
+    messages: list[dict[str, str]] | None = None
+    """The conversation as chat messages (chat engines)."""
+    seed: int | None = None
+    """Sampling seed of this reply (``None``: the engine's running random state)."""
+    max_new_tokens: int | None = None
+    """A tighter token limit for this reply (e.g. the room left in its context); ``None``: the session's."""
+
+
+class GenerationSession:
+    """Submit requests at any time; :meth:`step` advances generation and returns the finished replies.
+
+    ``release(key)`` says that ``key``'s episode is over (an engine drops what it kept for it). A session is used by
+    one thread.
+    """
+
+    def __init__(self, engine: GenerationEngine, params: SamplingParams) -> None:
+        check_arg(isinstance(params, SamplingParams), "params", type(params).__name__, "a SamplingParams")
+        self.engine = engine
+        self.params = params
+
+    def submit(self, request: GenerationRequest) -> None:
+        raise NotImplementedError
+
+    def step(self) -> list[tuple[Hashable, GenerationResult]]:
+        raise NotImplementedError
+
+    @property
+    def busy(self) -> bool:
+        """Requests are queued or being generated."""
+        raise NotImplementedError
+
+    def release(self, key: Hashable) -> None:
+        """``key``'s episode is over. Default: nothing kept, nothing to drop."""
+
+    def close(self) -> None:
+        """End the session (drop every kept state)."""
+
+    def __enter__(self) -> GenerationSession:  # noqa: PYI034 (Python 3.10 has no typing.Self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class BatchSession(GenerationSession):
+    """The default session: each :meth:`step` generates every queued request in one engine call (prompts with
+    :meth:`GenerationEngine.generate`, messages with :meth:`GenerationEngine.generate_chat`), seeded with the first
+    request's seed (engines derive one seed per row from it)."""
+
+    def __init__(self, engine: GenerationEngine, params: SamplingParams) -> None:
+        super().__init__(engine, params)
+        self._queue: list[GenerationRequest] = []
+
+    def submit(self, request: GenerationRequest) -> None:
+        check_arg(
+            (request.prompt is not None) != (request.messages is not None),
+            "request",
+            request,
+            "a GenerationRequest with either prompt (token ids) or messages",
+        )
+        self._queue.append(request)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._queue)
+
+    def step(self) -> list[tuple[Hashable, GenerationResult]]:
+        batch, self._queue = self._queue, []
+        if not batch:
+            return []
+        params = self.params.with_seed(batch[0].seed)
+        limits = [r.max_new_tokens for r in batch if r.max_new_tokens is not None]
+        if len(limits) == len(batch):  # the roomiest request's limit (a caller cuts longer replies of the others)
+            params = replace(params, max_new_tokens=min(params.max_new_tokens, max(limits)))
+        if batch[0].prompt is not None:
+            results = self.engine.generate([r.prompt or [] for r in batch], params)
+        else:
+            results = self.engine.generate_chat([r.messages or [] for r in batch], params)
+        if len(results) != len(batch):
+            raise RuntimeError(f"{type(self.engine).__name__} returned {len(results)} replies for {len(batch)} prompts")
+        return [(r.key, res) for r, res in zip(batch, results)]
+
+
+def cut_at_stop(text: str, stop: tuple[str, ...]) -> tuple[str, bool]:
+    """``text`` up to and including the earliest stop string, and whether one was found."""
+    ends = [text.find(s) + len(s) for s in stop if s in text]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+def reply_text(tokenizer: Any, token_ids: list[int], stop: tuple[str, ...] = ()) -> str:
+    """A reply's text as the env receives it: decoded without special tokens, cut right after its first stop string
+    (the token that completed the string may carry more characters, e.g. ``">\n"``; they are not part of the reply)."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    return cut_at_stop(text, stop)[0] if stop else text
+
+
+def stop_string_end(tokenizer: Any, token_ids: list[int], stop: tuple[str, ...]) -> int | None:
+    """How many of ``token_ids`` a reply keeps when it ends at its first stop string: up to and including the token
+    that completes it; ``None`` when the decoded text holds none. (Decoded prefixes only grow, so a binary search
+    over them finds that token with a few decodes.)"""
+    if not stop or not token_ids:
+        return None
+
+    def has_stop(n: int) -> bool:
+        text = tokenizer.decode(token_ids[:n], skip_special_tokens=True)
+        return any(s in text for s in stop)
+
+    if not has_stop(len(token_ids)):
+        return None
+    low, high = 1, len(token_ids)  # invariant: has_stop(high)
+    while low < high:
+        mid = (low + high) // 2
+        if has_stop(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return high

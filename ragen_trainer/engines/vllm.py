@@ -1,13 +1,33 @@
 """Generation with vLLM, the way TRL drives it: ``colocate`` (a ``vllm.LLM`` in the trainer's process, sharing the
-GPU) or ``server`` (a ``trl vllm-serve`` process, reached through TRL's ``VLLMClient``).
+GPU) or ``server`` (a ``trl vllm-serve`` process, reached through TRL's ``VLLMClient``); or ``openai``: a plain
+``vllm serve`` (vLLM's OpenAI-compatible server) reached over HTTP, for rollouts without training.
 
 Optional extra (``pip install 'ragen[vllm]'``, GPU only): nothing here imports vLLM until an engine is made, and a
-missing vLLM gives a clear error.
+missing vLLM gives a clear error. The ``openai`` mode needs neither vLLM nor TRL on the client side (standard library
+HTTP only).
 
 Token ids in, token ids out: prompts are sent as ``prompt_token_ids`` and the completion's ``token_ids`` come back
 verbatim (vLLM keeps the stop / eos token in them), with the sampled tokens' log-probabilities (``logprobs=0``).
 Per-prompt seeds are ``seed + row``: with one seed for the whole batch, the N identical first prompts of a group would
-sample identical replies.
+sample identical replies. Prefix caching is on (colocate builds ``vllm.LLM(enable_prefix_caching=True)``; ``vllm
+serve`` has it on by default): every turn resends the whole conversation, whose KV blocks are then reused.
+
+Stop strings (``SamplingParams.stop``) go to vLLM as ``stop`` with ``include_stop_str_in_output=True``: the reply's
+tokens end with the one that completed the string, and its text keeps the string. The reply is then checked here as
+well (:func:`~ragen_trainer.engines.base.stop_string_end`): a server that ignored ``stop`` gives the same reply, its
+tokens and log-probabilities cut together right after that token. The text is decoded from the tokens and cut after
+the stop string (the completing token may carry more characters). Finish reason ``"stop"``.
+
+``openai`` mode speaks the Completions API as ``vllm serve`` extends it: ``POST {base_url}/completions`` with the
+prompt as token ids, ``return_token_ids`` (vLLM >= 0.10.2; older servers: the ids are read from the log-probs, asked
+for with ``return_tokens_as_token_ids``), ``logprobs=0`` (the sampled token's), ``stop_token_ids``, ``stop`` /
+``include_stop_str_in_output``, ``skip_special_tokens``, and ``top_k`` when > 0. One request per prompt, several in
+flight, each with its own seed. Servers without those extensions (OpenAI, ``transformers serve``, llama.cpp) refuse
+token-id prompts; they are reached with :class:`~ragen_trainer.engines.openai.OpenAIEngine` (chat, evaluation only)
+rather than by decoding the prompt to text here, which would re-tokenise it on the server (not the tokens the rollout
+keeps) and return no token ids to keep. The log-probabilities are the server's (``vllm serve`` reports them before
+temperature unless started with ``--logprobs-mode processed_logprobs``). ``vllm serve`` has no weight-update endpoint,
+so :meth:`VLLMEngine.update_weights` refuses: use ``server`` mode (``trl vllm-serve``) to train.
 
 On-policy weights: :meth:`VLLMEngine.update_weights` pushes the trainer model's current weights into vLLM after each
 optimiser step (colocate: ``model_runner.model.load_weights``; server: TRL's NCCL weight transfer, which needs a CUDA
@@ -22,9 +42,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ragen_envs.core import check_arg
-from ragen_trainer.engines.base import FINISH_LENGTH, FINISH_STOP, GenerationEngine, GenerationResult, SamplingParams
+from ragen_trainer.engines.base import (
+    FINISH_LENGTH,
+    FINISH_STOP,
+    GenerationEngine,
+    GenerationResult,
+    SamplingParams,
+    reply_text,
+    stop_string_end,
+)
 
-VLLM_MODES = ("colocate", "server")
+VLLM_MODES = ("colocate", "server", "openai")
 
 
 def require_vllm() -> Any:
@@ -50,6 +78,8 @@ def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: list[int], seed
         "seed": seed,
         "logprobs": 0,  # only the sampled token's log-prob
         "stop_token_ids": list(stop_token_ids),
+        "stop": list(params.stop),
+        "include_stop_str_in_output": True,  # the stop string stays in the reply (SamplingParams.stop)
         "skip_special_tokens": True,
     }
 
@@ -77,19 +107,129 @@ def _finish_reason(reason: str | None, token_ids: list[int], stops: set[int], ma
     return FINISH_LENGTH if len(token_ids) >= max_tokens else FINISH_STOP
 
 
+def settle_reply(
+    tokenizer: Any,
+    token_ids: list[int],
+    logprobs: list[float] | None,
+    reason: str | None,
+    stops: set[int],
+    params: SamplingParams,
+) -> GenerationResult:
+    """One reply as vLLM gave it, ended at its first stop string (tokens and log-probs cut together, right after the
+    token that completed it) whether or not vLLM applied ``stop`` itself, with its text and finish reason."""
+    end = stop_string_end(tokenizer, token_ids, params.stop)
+    if end is not None:
+        token_ids = token_ids[:end]
+        logprobs = logprobs[:end] if logprobs is not None else None
+        finish = FINISH_STOP
+    else:
+        finish = _finish_reason(reason, token_ids, stops, params.max_new_tokens)
+    return GenerationResult(
+        token_ids=token_ids,
+        text=reply_text(tokenizer, token_ids, params.stop),
+        logprobs=logprobs,
+        finish_reason=finish,
+    )
+
+
+def openai_completion_body(
+    model: str, prompt: list[int], params: SamplingParams, stop_token_ids: list[int], seed: int | None
+) -> dict[str, Any]:
+    """The ``POST /v1/completions`` body for one token-id prompt, with ``vllm serve``'s extensions."""
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": [int(t) for t in prompt],
+        "max_tokens": params.max_new_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "n": 1,
+        "logprobs": 0,  # the sampled token's log-prob only
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "stop_token_ids": list(stop_token_ids),
+        "skip_special_tokens": True,
+    }
+    if params.top_k > 0:
+        body["top_k"] = params.top_k
+    if seed is not None:
+        body["seed"] = seed
+    if params.stop:
+        body["stop"] = list(params.stop)
+        body["include_stop_str_in_output"] = True
+    return body
+
+
+def parse_openai_completion(data: dict[str, Any], url: str) -> tuple[list[int], list[float] | None, str | None]:
+    """``(token_ids, logprobs, finish_reason)`` of the first choice of a ``vllm serve`` completion.
+
+    The ids come from ``choices[0].token_ids`` (``return_token_ids``) or else from the log-probs' ``"token_id:<id>"``
+    tokens (``return_tokens_as_token_ids``); the log-probs from ``token_logprobs``, or ``None`` when absent."""
+    from ragen_trainer.engines.openai import OpenAIEngineError
+
+    try:
+        choice = data["choices"][0]
+        lp = choice.get("logprobs") or {}
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise OpenAIEngineError(f"unexpected response from {url}: {str(data)[:300]}") from exc
+    ids = choice.get("token_ids")
+    if ids is None:
+        tokens = lp.get("tokens")
+        if tokens is None:
+            raise OpenAIEngineError(
+                f"{url} returned no token ids (neither choices[0].token_ids nor logprobs.tokens): VLLMEngine("
+                "mode='openai') needs vLLM's OpenAI server (vllm serve); for other servers use OpenAIEngine"
+            )
+        try:
+            ids = [int(str(t).removeprefix("token_id:")) for t in tokens]
+        except ValueError as exc:
+            raise OpenAIEngineError(
+                f"{url} returned tokens as text ({str(tokens[:3])[:100]}...), not as 'token_id:<id>': the server "
+                "ignored return_tokens_as_token_ids (VLLMEngine(mode='openai') needs vLLM's OpenAI server, vllm serve)"
+            ) from exc
+    ids = [int(t) for t in ids]
+    logprobs = lp.get("token_logprobs")
+    if logprobs is not None:
+        if len(logprobs) != len(ids):
+            raise OpenAIEngineError(
+                f"{url} returned {len(logprobs)} log-probs for {len(ids)} tokens: they cannot be aligned"
+            )
+        logprobs = None if any(x is None for x in logprobs) else [float(x) for x in logprobs]
+    return ids, logprobs, choice.get("finish_reason")
+
+
+def _openai_base_url(base_url: Any) -> str:
+    import urllib.parse
+
+    parsed = urllib.parse.urlparse(base_url if isinstance(base_url, str) else "")
+    check_arg(
+        parsed.scheme in ("http", "https") and bool(parsed.netloc),
+        "base_url",
+        base_url,
+        "the http(s) URL of a vllm serve server, e.g. 'http://127.0.0.1:8000/v1' (mode='openai')",
+    )
+    url = base_url.rstrip("/")
+    return url + "/v1" if parsed.path in ("", "/") else url  # a bare host:port: vllm serve's API root
+
+
 class VLLMEngine(GenerationEngine):
-    """Sample with vLLM (colocate or server mode).
+    """Sample with vLLM (colocate, server or openai mode).
 
     Args:
         model: the model to serve: a Hugging Face id or folder, ``None`` for the bundled default (its converted cache
             folder), or a loaded model (its ``name_or_path`` is used).
         tokenizer: the policy's tokenizer (stop tokens, decoding); ``None`` loads the one of ``model``.
-        mode: ``"colocate"`` (a ``vllm.LLM`` in this process) or ``"server"`` (``trl vllm-serve`` elsewhere).
+        mode: ``"colocate"`` (a ``vllm.LLM`` in this process), ``"server"`` (``trl vllm-serve`` elsewhere, weights
+            synced for training) or ``"openai"`` (a plain ``vllm serve`` over HTTP: rollouts and evaluation only).
         gpu_memory_utilization, tensor_parallel_size, max_model_len, dtype, enable_sleep_mode: ``vllm.LLM`` settings
-            (colocate); ``llm_kwargs`` passes any other.
+            (colocate); ``llm_kwargs`` passes any other (``enable_prefix_caching`` is on unless it says otherwise).
         base_url / host / server_port / group_port / connection_timeout: where the server is (server mode; see
-            ``trl.generation.vllm_client.VLLMClient``).
+            ``trl.generation.vllm_client.VLLMClient``). In openai mode ``base_url`` is the API root
+            (``http://127.0.0.1:8000/v1``; a bare ``http://host:port`` gets ``/v1``).
+        served_model_name / api_key / timeout / max_retries: openai mode: the model name the server expects
+            (default: ``model`` as given, which is what ``vllm serve <model>`` serves it as), its API key (default
+            ``$OPENAI_API_KEY``), seconds per request, retries after a connection error, 429 or 5xx.
         stop_token_ids: ids that end a reply; default: eos plus known end-of-turn tokens.
+        concurrency: requests in flight at once (server mode with seeds, openai mode).
         llm / client / sampling_params_factory: ready objects to use instead of building them (tests, custom setups).
     """
 
@@ -113,6 +253,10 @@ class VLLMEngine(GenerationEngine):
         server_port: int = 8000,
         group_port: int = 51216,
         connection_timeout: float = 0.0,
+        served_model_name: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        max_retries: int = 3,
         stop_token_ids: list[int] | None = None,
         concurrency: int = 16,
         llm: Any = None,
@@ -131,7 +275,18 @@ class VLLMEngine(GenerationEngine):
             tensor_parallel_size,
             "an int >= 1",
         )
-        needs_vllm = (
+        check_arg(isinstance(concurrency, int) and concurrency >= 1, "concurrency", concurrency, "an int >= 1")
+        if mode == "openai":
+            self.base_url = _openai_base_url(base_url)
+            check_arg(isinstance(timeout, (int, float)) and timeout > 0, "timeout", timeout, "a number of seconds > 0")
+            check_arg(isinstance(max_retries, int) and max_retries >= 0, "max_retries", max_retries, "an int >= 0")
+            check_arg(
+                served_model_name is None or (isinstance(served_model_name, str) and served_model_name.strip() != ""),
+                "served_model_name",
+                served_model_name,
+                "None or the model name the server serves",
+            )
+        needs_vllm = mode != "openai" and (
             (mode == "colocate" and llm is None)
             or (mode == "server" and client is None)
             or sampling_params_factory is None
@@ -155,7 +310,14 @@ class VLLMEngine(GenerationEngine):
         self.llm = llm
         self.client = client
         self._communicator_ready = False
-        self._sampling_params = sampling_params_factory or vllm.SamplingParams
+        self._sampling_params = sampling_params_factory or (vllm.SamplingParams if vllm is not None else dict)
+        if mode == "openai":
+            import os
+
+            self.served_model_name = served_model_name or self.model_path
+            self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+            self.timeout = float(timeout)
+            self.max_retries = max_retries
         if mode == "colocate" and self.llm is None:
             kwargs: dict[str, Any] = {
                 "model": self.model_path,
@@ -164,6 +326,8 @@ class VLLMEngine(GenerationEngine):
                 "max_model_len": max_model_len,
                 "dtype": dtype,
                 "enable_sleep_mode": enable_sleep_mode,
+                # Every turn resends the whole conversation: its KV blocks are reused instead of recomputed.
+                "enable_prefix_caching": True,
                 # Temperature applied before the log-probs are taken, matching what the trainer recomputes.
                 "logprobs_mode": "processed_logprobs",
             }
@@ -194,6 +358,8 @@ class VLLMEngine(GenerationEngine):
             return []
         if self.mode == "colocate":
             return self._generate_colocate(prompts, params)
+        if self.mode == "openai":
+            return self._generate_openai(prompts, params)
         return self._generate_server(prompts, params)
 
     def _generate_colocate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
@@ -217,20 +383,16 @@ class VLLMEngine(GenerationEngine):
             if completion.logprobs:
                 # One dict per position, {token_id: Logprob}; the sampled token is always in it.
                 logprobs = [float(step[tok].logprob) for step, tok in zip(completion.logprobs, ids)]
-            results.append(
-                GenerationResult(
-                    token_ids=ids,
-                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                    logprobs=logprobs,
-                    finish_reason=_finish_reason(completion.finish_reason, ids, stops, params.max_new_tokens),
-                )
-            )
+            results.append(settle_reply(self.tokenizer, ids, logprobs, completion.finish_reason, stops, params))
         return results
 
     def _generate_server(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         def request(batch: list[list[int]], seed: int | None) -> dict[str, Any]:
             kwargs = vllm_sampling_kwargs(params, self.stop_token_ids, seed)
             extra = {"stop_token_ids": kwargs["stop_token_ids"], "skip_special_tokens": True}
+            if params.stop:  # the server's /v1/completions takes them as they are (generation_kwargs go into the body)
+                extra["stop"] = kwargs["stop"]
+                extra["include_stop_str_in_output"] = True
             if seed is not None:
                 extra["seed"] = seed
             return self.client.generate(
@@ -264,19 +426,53 @@ class VLLMEngine(GenerationEngine):
             lps = None
             if logprob_rows is not None and logprob_rows[row] is not None:
                 lps = [float(step[0]) for step in logprob_rows[row]]  # logprobs=0: the sampled token only
-            results.append(
-                GenerationResult(
-                    token_ids=ids,
-                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
-                    logprobs=lps,
-                    finish_reason=_finish_reason(None, ids, stops, params.max_new_tokens),
-                )
-            )
+            results.append(settle_reply(self.tokenizer, ids, lps, None, stops, params))
         return results
+
+    def _generate_openai(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        from ragen_trainer.engines.openai import OpenAIEngineError, post_json
+
+        url = self.base_url + "/completions"
+        stops = set(self.stop_token_ids)
+
+        def one(pair: tuple[list[int], int | None]) -> GenerationResult:
+            body = openai_completion_body(self.served_model_name, pair[0], params, self.stop_token_ids, pair[1])
+            try:
+                data = post_json(
+                    url, body, api_key=self.api_key, timeout=self.timeout, max_retries=self.max_retries, backoff=1.0
+                )
+            except OpenAIEngineError as exc:
+                if exc.status not in (400, 404, 422):  # not a request this server cannot take
+                    raise
+                raise OpenAIEngineError(
+                    f"{exc}. VLLMEngine(mode='openai') sends token-id prompts and vLLM's extra fields "
+                    "(stop_token_ids, include_stop_str_in_output, return_token_ids, ...), which only vLLM's OpenAI "
+                    "server (vllm serve) takes; for other OpenAI-compatible servers use OpenAIEngine (chat, "
+                    "evaluation only)"
+                ) from exc
+            ids, lps, reason = parse_openai_completion(data, url)
+            return settle_reply(self.tokenizer, ids, lps, reason, stops, params)
+
+        pairs = list(zip([list(p) for p in prompts], self._seeds(params, len(prompts))))
+        if len(pairs) == 1 or self.concurrency == 1:
+            return [one(pair) for pair in pairs]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(pairs))) as pool:
+            return list(pool.map(one, pairs))
+
+    @property
+    def supports_weight_updates(self) -> bool:
+        """``False`` in openai mode: ``vllm serve`` has no endpoint to load new weights (see :meth:`update_weights`)."""
+        return self.mode != "openai"
 
     # ------------------------------------------------------------------------------------------------ weights
     def update_weights(self, model: Any) -> None:
         """Push ``model``'s current weights into vLLM and reset its prefix cache (call after each optimiser step)."""
+        if self.mode == "openai":
+            raise NotImplementedError(
+                "VLLMEngine(mode='openai') cannot update the served weights: a plain vllm serve has no endpoint for it, "
+                "so it samples from the model it was started with (rollouts and evaluation only). To train with a "
+                "vLLM server use mode='server' with `trl vllm-serve`, or mode='colocate'."
+            )
         merged = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
         if merged:
             model.merge_adapter()

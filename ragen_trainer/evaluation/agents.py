@@ -286,7 +286,7 @@ REFERENCE_AGENTS: dict[str, Callable[..., Agent]] = {"random": RandomAgent, "ora
 
 
 # ------------------------------------------------------------------------------------------------------ model
-ENGINES: tuple[str, ...] = ("hf", "vllm", "openai")
+ENGINES: tuple[str, ...] = ("hf", "hf-generate", "vllm", "openai")
 
 
 def hash_model_files(source: str | None) -> str | None:
@@ -372,7 +372,8 @@ class ModelAgent(Agent):
         engine_kwargs: dict[str, Any] | None = None,
     ) -> ModelAgent:
         """Load ``model`` (HF id, local folder, ``ragen-trainer train`` checkpoint; ``None``: the bundled SmolLM2)
-        and wrap it in ``engine`` (``"hf"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible ``base_url``)."""
+        and wrap it in ``engine`` (``"hf"``, ``"hf-generate"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible
+        ``base_url``)."""
         from pathlib import Path
 
         if engine not in ENGINES:
@@ -400,11 +401,13 @@ class ModelAgent(Agent):
             kwargs.setdefault("gpu_memory_utilization", 0.85)  # evaluation only: no trainer shares the GPU
             built = VLLMEngine(source, **kwargs)
         else:
-            from ragen_trainer.engines import HFEngine
+            from ragen_trainer.engines.hf import HFEngine
+            from ragen_trainer.engines.hf_generate import GenerateEngine
 
             net, tokenizer = models.load_model_and_tokenizer(model, device=device, dtype=dtype)
             net.eval()
-            built = HFEngine(net, tokenizer, batch_size=batch_size, **kwargs)
+            engine_cls = GenerateEngine if engine == "hf-generate" else HFEngine
+            built = engine_cls(net, tokenizer, batch_size=batch_size, **kwargs)
             extra["dtype"] = str(next(net.parameters()).dtype).replace("torch.", "")
         label = models.DEFAULT_MODEL if models.is_default_model(model) else str(model)
         return cls(
@@ -457,14 +460,36 @@ class ModelAgent(Agent):
         first = episodes[0]
         return zlib.crc32(f"{seed}|{self._env_name}|{first.seed}|{first.rollout}|{turn}".encode())
 
-    def reply_batch(self, contexts: list[TurnContext]) -> list[AgentReply]:
-        if not contexts:
-            return []
+    def _token_agent(self, context: TurnContext) -> Any:
         if self._agent is None:  # used outside the runner: the suites' default decoding
             from ragen_trainer.evaluation.suites import DEFAULT_DECODING
 
-            self._start(contexts[0].env_name, DEFAULT_DECODING)
-        return self._agent.reply_batch(contexts)
+            self._start(context.env_name, DEFAULT_DECODING)
+        return self._agent
+
+    def reply_batch(self, contexts: list[TurnContext]) -> list[AgentReply]:
+        if not contexts:
+            return []
+        return self._token_agent(contexts[0]).reply_batch(contexts)
+
+    # The streaming form (ragen_envs.driver.StreamingAgent): episodes advance independently, so a continuous-batching
+    # engine keeps its batch full; each episode's sampling seed depends on the episode only, not on the batch.
+    def submit(self, context: TurnContext) -> AgentReply | None:
+        return self._token_agent(context).submit(context)
+
+    def poll(self) -> list[tuple[TurnContext, AgentReply]]:
+        return self._agent.poll() if self._agent is not None else []
+
+    def pending(self) -> bool:
+        return self._agent is not None and self._agent.pending()
+
+    def release(self, context: TurnContext) -> None:
+        if self._agent is not None:
+            self._agent.release(context)
+
+    def finish_stream(self) -> None:
+        if self._agent is not None:
+            self._agent.finish_stream()
 
     def close(self) -> None:
         self.engine.close()

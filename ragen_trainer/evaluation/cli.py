@@ -39,7 +39,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--model", default=None,
                         help="Hugging Face id, local folder or ragen-trainer checkpoint folder (default: the bundled "
                              "SmolLM2-135M-Instruct); with --engine openai, the served model's name")  # fmt: skip
-    parser.add_argument("--engine", choices=("hf", "vllm", "openai"), default="hf",
+    parser.add_argument("--engine", choices=("hf", "hf-generate", "vllm", "openai"), default="hf",
                         help="generation engine for --agent model (default hf)")  # fmt: skip
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (with --engine openai)")
     parser.add_argument("--api-key", default=None,

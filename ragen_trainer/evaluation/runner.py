@@ -175,7 +175,7 @@ def run_env(
         begin(entry)
     states: dict[int, list[str | None]] = {}
     initial: dict[int, str | None] = {}
-    records: list[dict[str, Any]] = []
+    records: dict[int, dict[str, Any]] = {}  # id(episode) -> record (streaming agents end episodes out of order)
 
     def on_step(episode: Episode, _turn: Turn) -> None:
         grid = episode.env is not None and is_grid_env(episode.env)
@@ -187,18 +187,18 @@ def run_env(
                 final_view = to_jsonable(episode.env.unwrapped.state_view()) if episode.env is not None else None
             except Exception as exc:  # a broken view must not lose the episode
                 final_view = {"error": repr(exc)}
-            records.append(_episode_record(entry, episode, states.pop(id(episode), []),
-                                           initial.pop(id(episode), None), final_view))
+            records[id(episode)] = _episode_record(entry, episode, states.pop(id(episode), []),
+                                                   initial.pop(id(episode), None), final_view)
 
     def on_reset(episode: Episode) -> None:  # the leaderboard draws the initial grid
         grid = episode.env is not None and is_grid_env(episode.env)
         initial[id(episode)] = episode.env.unwrapped.state_text() if grid else None
 
     with _make_slots(entry) as slots:
-        play_episodes(entry.env_id, jobs, agent, env_name=entry.name, batch_size=batch_size, envs=slots,
-                      on_error="record", progress=progress, on_reset=on_reset, on_step=on_step,
-                      on_batch_end=on_batch_end)  # fmt: skip
-    return records
+        episodes = play_episodes(entry.env_id, jobs, agent, env_name=entry.name, batch_size=batch_size, envs=slots,
+                                 on_error="record", progress=progress, on_reset=on_reset, on_step=on_step,
+                                 on_batch_end=on_batch_end)  # fmt: skip
+    return [records[id(episode)] for episode in episodes]
 
 
 def _load_checkpoint(path: Path | None, suite: Suite, identity: dict[str, Any]) -> dict[str, Any] | None:

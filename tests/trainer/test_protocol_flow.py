@@ -40,6 +40,7 @@ CHANGED: dict[str, Any] = {
     "reply_prefix": "Answer: ",
     "max_reply_chars": 5000,
     "max_observation_chars": 9000,
+    "stop_after_answer": False,
 }
 
 

@@ -1,0 +1,172 @@
+"""Rollout speed: the engine ragen had (``hf-generate``), ragen's decoding loop (``hf``), and a plain ``model.generate``.
+
+For each env (one-turn Bandit, five-turn FrozenLake and Sokoban) the same P x N episodes (``--groups`` initial states,
+``--group-size`` rollouts each, temperature 1, one seed) are collected through :func:`ragen_trainer.rollout.collect_rollouts`
+with the bundled SmolLM2-135M-Instruct, and timed side by side in one run:
+
+* ``hf-generate (before)``: ``model.generate`` on every turn's whole conversation, batches of ``--batch-size``, and no
+  stop strings (replies run to the end-of-turn token or the limit): the rollout as it was;
+* ``hf``: ragen's engine (KV cache kept across turns, a group's prompt encoded once, continuous batching) with the
+  protocol's default stop string ``</answer>``;
+* ``hf, no stop strings``: the same engine on the same kind of work as the first row (replies run to the limit), so the
+  two rows compare engines and not reply lengths;
+* ``plain generate``: one batched ``model.generate`` per ``--batch-size`` rows from the env's *first-turn* prompts,
+  writing exactly as many tokens as the ``hf`` row generated (``min_new_tokens`` = ``max_new_tokens``): what the
+  hardware does with a single-turn batch of that size, no env, no multi-turn context.
+
+Columns: generated tokens, seconds, generated tokens per second, episodes per second, the share of the rollout spent
+outside the engine (env steps, protocol, chat-template deltas, bookkeeping) and the speed-up over the first row.
+``--trl`` adds one GRPO training step on Bandit through ``ragen-trainer`` and through TRL's ``GRPOTrainer`` on the same
+work (:mod:`benchmarks.trl_step`).
+
+    python benchmarks/bench_rollout.py                        # Bandit, FrozenLake, Sokoban; 4 x 8 episodes each
+    python benchmarks/bench_rollout.py --envs ragen/FrozenLake-v0 --max-new-tokens 64 --trl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+#: Env id -> new tokens per reply (Bandit's 8: the one-turn measurement of the issue; 5-turn envs: room to think).
+DEFAULT_ENVS = {"ragen/Bandit-v0": 8, "ragen/FrozenLake-v0": 64, "ragen/Sokoban-v0": 64}
+
+
+def _collect(engine: Any, tokenizer: Any, env_id: str, args: argparse.Namespace, max_new_tokens: int,
+             stop: bool) -> dict[str, Any]:  # fmt: skip
+    from ragen_trainer.engines import SamplingParams
+    from ragen_trainer.rollout import collect_rollouts
+
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=args.seed)
+    seeds = list(range(args.groups))
+    batch = collect_rollouts(engine, tokenizer, env_id, seeds, args.group_size, sampling=sampling,
+                             env_kwargs={"protocol": {"stop_after_answer": stop}}, progress=True)  # fmt: skip
+    trajs = batch.trajectories
+    total = batch.timings["total"]
+    return {
+        "episodes": len(trajs),
+        "turns": sum(len(t.turn_spans) for t in trajs),
+        "tokens": sum(sum(t.loss_mask) for t in trajs),
+        "seconds": total,
+        "outside": max(total - batch.timings["generation"], 0.0) / total if total else 0.0,
+        "success": sum(t.success for t in trajs) / len(trajs),
+        "first_prompts": [t.input_ids[: t.turn_spans[0][0]] for t in trajs if t.turn_spans],
+    }
+
+
+def _plain_generate(model: Any, tokenizer: Any, prompts: list[list[int]], tokens: int, batch_size: int) -> dict:
+    """Batched ``model.generate`` from ``prompts`` writing ``tokens`` new tokens in all (same per row)."""
+    import torch
+
+    per_row = max(1, math.ceil(tokens / len(prompts)))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    started = time.perf_counter()
+    with torch.inference_mode():
+        for start in range(0, len(prompts), batch_size):
+            chunk = prompts[start : start + batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for row, prompt in enumerate(chunk):
+                ids[row, width - len(prompt) :] = torch.tensor(prompt)
+                mask[row, width - len(prompt) :] = 1
+            model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                           max_new_tokens=per_row, min_new_tokens=per_row, pad_token_id=pad)  # fmt: skip
+    seconds = time.perf_counter() - started
+    return {"episodes": len(prompts), "turns": len(prompts), "tokens": per_row * len(prompts), "seconds": seconds,
+            "outside": 0.0, "success": float("nan")}  # fmt: skip
+
+
+def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from ragen_trainer.engines.hf import HFEngine
+    from ragen_trainer.engines.hf_generate import GenerateEngine
+
+    max_new = args.max_new_tokens or DEFAULT_ENVS.get(env_id, 64)
+    print(f"\n{env_id}: {args.groups} x {args.group_size} episodes, {max_new} new tokens per reply", flush=True)
+    rows = []
+    before = _collect(GenerateEngine(model, tokenizer, batch_size=args.batch_size), tokenizer, env_id, args, max_new,
+                      stop=False)  # fmt: skip
+    rows.append({"path": "hf-generate (before)", **before})
+    engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
+    rows.append({"path": "hf", **_collect(engine, tokenizer, env_id, args, max_new, stop=True), "stats": dict(engine.stats)})
+    engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
+    rows.append({"path": "hf, no stop strings", **_collect(engine, tokenizer, env_id, args, max_new, stop=False),
+                 "stats": dict(engine.stats)})  # fmt: skip
+    plain = _plain_generate(model, tokenizer, before["first_prompts"], rows[1]["tokens"], args.batch_size)
+    rows.append({"path": "plain generate (first-turn prompts)", **plain})
+    for row in rows:
+        row.pop("first_prompts", None)
+        row["env"] = env_id
+        row["max_new_tokens"] = max_new
+        row["tokens_per_s"] = row["tokens"] / row["seconds"]
+        row["episodes_per_s"] = row["episodes"] / row["seconds"]
+        row["speedup"] = float("nan") if row["path"].startswith("plain") else before["seconds"] / row["seconds"]
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    header = (f"{'env':<20} {'path':<36} {'episodes':>8} {'turns':>6} {'gen tokens':>10} {'seconds':>8} "
+              f"{'gen tok/s':>9} {'episodes/s':>10} {'outside engine':>14} {'vs before':>9}")  # fmt: skip
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        speed = "" if math.isnan(r["speedup"]) else f"{r['speedup']:.2f}x"
+        lines.append(
+            f"{r['env'].removeprefix('ragen/'):<20} {r['path']:<36} {r['episodes']:>8} {r['turns']:>6} "
+            f"{r['tokens']:>10} {r['seconds']:>8.1f} {r['tokens_per_s']:>9.1f} {r['episodes_per_s']:>10.3f} "
+            f"{100 * r['outside']:>13.1f}% {speed:>9}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--envs", nargs="+", default=list(DEFAULT_ENVS), help="env ids (default: %(default)s)")
+    parser.add_argument("--groups", type=int, default=4, help="initial states P (default 4)")
+    parser.add_argument("--group-size", type=int, default=8, help="rollouts per state N (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=0,
+                        help="tokens per reply (default: 8 for Bandit, 64 for the five-turn envs)")  # fmt: skip
+    parser.add_argument("--batch-size", type=int, default=32, help="rows per batch, every path (default 32)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trl", action="store_true", help="also time one GRPO step: ragen-trainer vs TRL GRPOTrainer")
+    parser.add_argument("--json", default="", help="also write the rows to this JSON file")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from ragen_trainer.models import load_model_and_tokenizer
+
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model_and_tokenizer("smollm2", device="cpu", dtype="float32")
+    model.eval()
+    print(f"SmolLM2-135M-Instruct, float32, {torch.get_num_threads()} threads, batch {args.batch_size}", flush=True)
+    rows = []
+    for env_id in args.envs:
+        rows += run_env(model, tokenizer, env_id, args)
+        print(format_table(rows[-4:]), flush=True)
+    print("\nRollouts (same model, seeds and episodes per env; one run):\n")
+    print(format_table(rows))
+    result: dict[str, Any] = {"rollouts": rows}
+    if args.trl:
+        from trl_step import format_table as trl_table
+        from trl_step import run_trl_comparison
+
+        trl_rows = run_trl_comparison(groups=args.groups, group_size=args.group_size, max_new_tokens=64,
+                                      seed=args.seed)  # fmt: skip
+        print("\nOne GRPO training step on Bandit, same work:\n")
+        print(trl_table(trl_rows))
+        result["training_step"] = trl_rows
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

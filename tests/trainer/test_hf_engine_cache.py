@@ -1,0 +1,246 @@
+"""HFEngine, ragen's decoding loop: the same trajectories as ``model.generate`` (GenerateEngine), with the KV cache
+kept across turns, shared group prompts, stop strings and continuous batching."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ragen_envs.driver import AgentReply, rollout_jobs
+from ragen_trainer.engines.base import GenerationRequest, SamplingParams, stop_string_end
+from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.engines.hf_generate import GenerateEngine
+from ragen_trainer.rollout import collect_rollouts
+
+GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
+
+
+def _prompt(tokenizer, text):
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+    return list(tokenizer(chat, add_special_tokens=False)["input_ids"])
+
+
+def _teacher_forced(model, ids):
+    """Log-prob of every token of ``ids`` given the ones before it, from one full forward pass (no cache)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0].float()
+    return [0.0] + torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1).tolist()
+
+
+def _signature(batch):
+    return [(t.input_ids, t.loss_mask, t.replies, t.turn_rewards, t.finish_reasons) for t in batch.trajectories]
+
+
+# ------------------------------------------------------------------------------------------------ parity
+@pytest.mark.parametrize(
+    ("env_id", "env_kwargs"),
+    [
+        ("ragen/FrozenLake-v0", {}),
+        ("ragen/Bandit-v0", {}),
+        ("ragen/Sokoban-v0", {"protocol": {"stop_after_answer": False}}),
+    ],
+)
+def test_greedy_rollouts_are_token_identical_to_model_generate(tiny_model, tiny_tokenizer, env_id, env_kwargs):
+    seeds, group = [0, 1], 3
+    old = collect_rollouts(GenerateEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, env_id, seeds, group,
+                           sampling=GREEDY, env_kwargs=env_kwargs)  # fmt: skip
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)  # fewer rows than episodes: continuous batching
+    new = collect_rollouts(engine, tiny_tokenizer, env_id, seeds, group, sampling=GREEDY, env_kwargs=env_kwargs)
+    assert _signature(new) == _signature(old)
+    for a, b in zip(old.trajectories, new.trajectories):
+        assert b.old_logprobs == pytest.approx(a.old_logprobs, abs=1e-4)
+    assert engine.stats["reused_tokens"] > 0  # the group's shared prompt at least
+
+
+def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+    batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
+                             env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}})  # fmt: skip
+    multi_turn = [t for t in batch.trajectories if len(t.turn_spans) > 1]
+    assert multi_turn, "the tiny model's replies should not end every episode in one turn"
+    # Turns after the first re-encoded only the env's delta: most of every later prompt came from the parked cache.
+    later_prompt_tokens = sum(t.turn_spans[k][0] for t in multi_turn for k in range(1, len(t.turn_spans)))
+    assert engine.stats["reused_tokens"] >= later_prompt_tokens * 0.5
+    for traj in multi_turn:
+        full = _teacher_forced(tiny_model, traj.input_ids)
+        for pos, trained in enumerate(traj.loss_mask):
+            if trained:
+                assert traj.old_logprobs[pos] == pytest.approx(full[pos], abs=1e-4)
+
+
+def test_parked_cache_budget_and_eviction_do_not_change_results(tiny_model, tiny_tokenizer):
+    kwargs = {"env_kwargs": {"protocol": {"stop_after_answer": False}}, "sampling": GREEDY}
+    cached = collect_rollouts(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, "ragen/FrozenLake-v0", [4], 3,
+                              **kwargs)  # fmt: skip
+    uncached = HFEngine(tiny_model, tiny_tokenizer, max_parked_tokens=0)
+    plain = collect_rollouts(uncached, tiny_tokenizer, "ragen/FrozenLake-v0", [4], 3, **kwargs)
+    assert _signature(plain) == _signature(cached)
+
+
+# ------------------------------------------------------------------------------------------------ sharing, batching
+def test_identical_prompts_are_encoded_once(tiny_model, tiny_tokenizer):
+    prompt = _prompt(tiny_tokenizer, "Arms: Dragon, Phoenix. Choose one.")
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8)
+    replies = engine.generate([prompt] * 4, SamplingParams(max_new_tokens=6, seed=1))
+    assert engine.stats["prefill_tokens"] == len(prompt)
+    assert engine.stats["reused_tokens"] == 3 * len(prompt)
+    assert len({tuple(r.token_ids) for r in replies}) > 1  # each row samples its own reply
+
+
+def test_seeded_replies_do_not_depend_on_the_batch(tiny_model, tiny_tokenizer):
+    prompts = [_prompt(tiny_tokenizer, text) for text in ("Turn 1:\nState:\n_ _ P O", "reward", "think answer")]
+    params = SamplingParams(max_new_tokens=10, seed=11)
+    together = HFEngine(tiny_model, tiny_tokenizer, batch_size=8).generate(prompts, params)
+    one_row = HFEngine(tiny_model, tiny_tokenizer, batch_size=1).generate(prompts, params)
+    assert [r.token_ids for r in together] == [r.token_ids for r in one_row]
+    assert [r.token_ids for r in together] == [
+        r.token_ids for r in HFEngine(tiny_model, tiny_tokenizer, batch_size=2).generate(prompts, params)
+    ]
+
+
+def test_continuous_batching_refills_rows_as_replies_end(tiny_model, tiny_tokenizer):
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=2)
+    prompts = [_prompt(tiny_tokenizer, f"turn {i} reward") for i in range(5)]
+    limits = [1, 8, 2, 8, 3]
+    finished_at: dict[int, int] = {}
+    with engine.session(SamplingParams(temperature=0, max_new_tokens=8)) as session:
+        for key, (prompt, limit) in enumerate(zip(prompts, limits)):
+            session.submit(GenerationRequest(key, prompt=prompt, max_new_tokens=limit))
+        step = 0
+        while session.busy:
+            step += 1
+            for key, result in session.step():
+                finished_at[key] = step
+                assert len(result.token_ids) <= limits[key]
+    assert set(finished_at) == set(range(5))
+    # With 2 rows, 22 tokens at most one per row and step: a refilled batch needs no more than ~11 steps, a batch
+    # that waits for its slowest row (1+8, then 2+8, then 3) would need 8 + 8 + 3.
+    assert step <= 13
+
+
+# ------------------------------------------------------------------------------------------------ stop strings
+@pytest.mark.parametrize("engine_cls", [HFEngine, GenerateEngine])
+def test_stop_strings_end_replies_and_stay_in_the_text(tiny_model, tiny_tokenizer, engine_cls):
+    prompts = [_prompt(tiny_tokenizer, text) for text in ("Arms: Dragon, Phoenix.", "State: _ _ P O", "reward")]
+    free = engine_cls(tiny_model, tiny_tokenizer).generate(prompts, SamplingParams(max_new_tokens=30, seed=2))
+    # A stop string the free replies contain: the text of two tokens in the middle of the first reply.
+    first = free[0].token_ids
+    assert len(first) >= 6
+    stop = tiny_tokenizer.decode(first[3:5], skip_special_tokens=True)
+    assert stop.strip()
+    params = SamplingParams(max_new_tokens=30, seed=2, stop=(stop,))
+    cut = engine_cls(tiny_model, tiny_tokenizer).generate(prompts, params)
+    for before, after in zip(free, cut):
+        end = stop_string_end(tiny_tokenizer, before.token_ids, (stop,))
+        if end is None:
+            assert after.token_ids == before.token_ids
+            continue
+        assert after.token_ids == before.token_ids[:end]
+        assert after.finish_reason == "stop" and after.text.endswith(stop) and after.text.count(stop) == 1
+        assert len(after.logprobs) == len(after.token_ids)
+    assert len(cut[0].token_ids) <= 5
+
+
+def test_rollouts_stop_at_answer_by_default(tiny_model, tiny_tokenizer):
+    """The protocol's ``stop_after_answer`` (default on) reaches the engine: no reply runs past ``</answer>``."""
+
+    ids = tiny_tokenizer("Left</answer> and then some more text", add_special_tokens=False)["input_ids"]
+    bias = torch.zeros(len(tiny_tokenizer))
+
+    def forced(module, args, kwargs, output):  # the model writes "Left</answer> and then some more text"
+        position = kwargs["position_ids"][:, -1:]  # the last input's position tells how many tokens are written
+        logits = output.logits.clone()
+        for row in range(logits.shape[0]):
+            written = int(position[row, 0]) - forced.last_prompt_position
+            token = ids[min(written, len(ids) - 1)]
+            logits[row, -1] = bias.clone()
+            logits[row, -1, token] = 100.0
+        output.logits = logits
+        return output
+
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
+    prompt = _prompt(tiny_tokenizer, "State: _ _ P O")
+    forced.last_prompt_position = len(prompt) - 1
+    handle = tiny_model.register_forward_hook(forced, with_kwargs=True)
+    try:
+        stopped = engine.generate([prompt], SamplingParams(temperature=0, max_new_tokens=20, stop=("</answer>",)))[0]
+    finally:
+        handle.remove()
+    assert stopped.text == "Left</answer>" and stopped.finish_reason == "stop"
+    assert tiny_tokenizer.decode(stopped.token_ids) == "Left</answer>"
+
+
+def test_protocol_stop_strings_reach_the_engine(tiny_tokenizer, scripted_engine):
+    engine = scripted_engine(tiny_tokenizer, ["<think>go</think><answer>Left</answer>"])
+    seen = []
+    original = engine.generate
+
+    def recording(prompts, params):
+        seen.append(params.stop)
+        return original(prompts, params)
+
+    engine.generate = recording
+    collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0], 1, sampling=GREEDY)
+    collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0], 1, sampling=GREEDY,
+                     env_kwargs={"protocol": {"stop_after_answer": False}})  # fmt: skip
+    assert seen[0] == ("</answer>",) and seen[-1] == ()
+
+
+# ------------------------------------------------------------------------------------------------ the driver
+class _SlowEnvAgent:
+    """A streaming agent answering every turn with a fixed reply after ``delay`` polls (a stand-in for a model)."""
+
+    def __init__(self, delay: int) -> None:
+        self.delay, self.waiting, self.released = delay, {}, []
+
+    def submit(self, episode):
+        self.waiting[id(episode)] = [episode, self.delay]
+
+    def poll(self):
+        ready = []
+        for key, item in list(self.waiting.items()):
+            item[1] -= 1
+            if item[1] <= 0:
+                ready.append((item[0], AgentReply("<think>x</think><answer>Up</answer>")))
+                del self.waiting[key]
+        return ready
+
+    def pending(self):
+        return bool(self.waiting)
+
+    def release(self, episode):
+        self.released.append(episode.seed)
+
+    def finish_stream(self):
+        self.waiting.clear()
+
+
+@pytest.mark.parametrize("env_workers", [0, 3])
+def test_streaming_driver_plays_every_job_in_order(env_workers):
+    from ragen_envs.driver import play_episodes
+
+    agent = _SlowEnvAgent(delay=2)
+    jobs = rollout_jobs([0, 1, 2], 2)
+    episodes = play_episodes("ragen/FrozenLake-v0", jobs, agent, batch_size=4, env_workers=env_workers)
+    assert [(e.seed, e.rollout) for e in episodes] == [(j.seed, j.rollout) for j in jobs]
+    assert all(e.done and e.env is None and e.turns for e in episodes)
+    assert sorted(agent.released) == sorted(j.seed for j in jobs)
+    inline = play_episodes("ragen/FrozenLake-v0", jobs, _SlowEnvAgent(delay=1), batch_size=2)
+    assert [[t.observation for t in e.turns] for e in inline] == [[t.observation for t in e.turns] for e in episodes]
+
+
+def test_streaming_driver_records_agent_errors():
+    from ragen_envs.driver import play_episodes
+
+    class Broken(_SlowEnvAgent):
+        def poll(self):
+            raise RuntimeError("engine fell over")
+
+    episodes = play_episodes("ragen/Bandit-v0", rollout_jobs([0, 1], 1), Broken(1), on_error="record")
+    assert all(e.error and "engine fell over" in e.error for e in episodes)
+    with pytest.raises(RuntimeError, match="engine fell over"):
+        play_episodes("ragen/Bandit-v0", rollout_jobs([0], 1), Broken(1))
