@@ -208,6 +208,8 @@ class WebShopEnv(BaseTextEnv):
         "search[<keywords>] or click[<clickable>]."
     )
     max_action_chars = 1024
+    #: Each step is an HTTP round trip: the episode driver steps it in a thread while the model generates.
+    io_bound = True
 
     def __init__(
         self,

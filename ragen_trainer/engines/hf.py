@@ -204,6 +204,7 @@ class HFSession(GenerationSession):
         self._was_training = bool(engine.model.training)
         engine.model.eval()  # no dropout while sampling; restored by close()
         self._closed = False
+        self._reserved = 0  # the longest prompt admitted this step
 
     # ---------------------------------------------------------------- the session interface
     def submit(self, request: GenerationRequest) -> None:
@@ -268,6 +269,7 @@ class HFSession(GenerationSession):
 
         base = len(self._rows)
         logits = []
+        self._reserved = max(len(job.prompt) for job in jobs)  # one re-layout for the step, not one per longer row
         for chunk in _chunks(jobs, self.engine.prefill_tokens):
             for job, job_logits in zip(chunk, self._prefill(chunk)):
                 logits += [job_logits] * len(job.requests)  # _prefill adds the rows in this order
@@ -319,6 +321,7 @@ class HFSession(GenerationSession):
             layers = block.sequence(i, lengths[i])
             if self._cache is None:
                 self._cache = _BatchCache(self.engine.batch_size, layers)
+            self._cache.reserve(self._reserved)
             for request in job.requests:
                 limit = self.params.max_new_tokens
                 if request.max_new_tokens is not None:
@@ -359,7 +362,11 @@ class HFSession(GenerationSession):
         if params.greedy:
             chosen = logits.argmax(dim=-1)
         else:
-            probs = torch.softmax(_filter(logits / params.temperature, params.top_k, params.top_p), dim=-1)
+            unfiltered = params.top_k == 0 and params.top_p >= 1.0
+            if logp is not None and unfiltered:
+                probs = logp.exp()  # the sampling distribution is the one the log-probs are taken from
+            else:
+                probs = torch.softmax(_filter(logits / params.temperature, params.top_k, params.top_p), dim=-1)
             chosen = _inverse_cdf_sample(probs, [row.generator for row in rows])
         picked = logp.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist() if logp is not None else None
         finished_rows = []
@@ -373,7 +380,11 @@ class HFSession(GenerationSession):
                 row.finish = FINISH_LENGTH
             if row.finish is not None:
                 finished_rows.append(row)
-        return [self._finish(row) for row in finished_rows]
+        # From the highest row down: a finished row is replaced by the last live one, so rows that finish together
+        # at the end of the batch leave without being moved.
+        position = {id(row): i for i, row in enumerate(self._rows)}
+        finished_rows.sort(key=lambda row: position[id(row)], reverse=True)
+        return [self._finish(row) for row in finished_rows][::-1]
 
     def _ends_with_stop_string(self, row: _Row) -> bool:
         if not self.params.stop:
@@ -450,6 +461,11 @@ class _BatchCache:
         shift = new_end - self.end
         self.starts = [s + shift for s in self.starts]
         self.end, self.columns = new_end, columns
+
+    def reserve(self, n: int) -> None:
+        """Make room for a row of ``n`` tokens (and the next decode column) with at most one re-layout."""
+        if n > self.end or self.end + 1 > self.columns:
+            self._relayout(n, 1)
 
     def add_row(self, index: int, layers: list[tuple[Any, Any]]) -> None:
         """Copy one sequence's cache (``[1, heads, n, dim]`` per layer) into row ``index`` (= the number of rows)."""
