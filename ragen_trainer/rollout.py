@@ -320,7 +320,8 @@ class TokenAgent:
         self._asked.clear()
 
     def reply_batch(self, episodes: list[Episode]) -> list[AgentReply]:
-        """The turn-synchronous form: one reply for each of ``episodes`` (queued together, generated together)."""
+        """The turn-synchronous form: one reply for each of ``episodes`` (queued together, generated together; no
+        cache is kept between calls). The driver uses the streaming form (:meth:`submit` / :meth:`poll`)."""
         replies: dict[int, AgentReply] = {}
         for episode in episodes:
             reply = self.submit(episode)
@@ -329,6 +330,9 @@ class TokenAgent:
         while self.pending():
             for episode, reply in self.poll():
                 replies[id(episode)] = reply
+        # Called outside the driver's streaming loop nobody would end the session: end it here (the model's train /
+        # eval mode is restored; the next call re-encodes its prompts, which stays correct).
+        self.finish_stream()
         return [replies[id(e)] for e in episodes]
 
     def _session_for(self, episode: Episode) -> GenerationSession:
