@@ -244,3 +244,28 @@ def test_streaming_driver_records_agent_errors():
     assert all(e.error and "engine fell over" in e.error for e in episodes)
     with pytest.raises(RuntimeError, match="engine fell over"):
         play_episodes("ragen/Bandit-v0", rollout_jobs([0], 1), Broken(1))
+
+
+def test_io_bound_envs_step_in_threads_while_the_model_generates(tiny_model, tiny_tokenizer, monkeypatch):
+    """WebShop declares ``io_bound``: its HTTP steps run in the driver's env threads, with the real engine, and the
+    episodes are those of inline stepping."""
+    import threading
+
+    from ragen_envs import driver
+
+    threads: set[str] = set()
+    original = driver._step
+
+    def recording_step(episode, reply):
+        threads.add(threading.current_thread().name)
+        return original(episode, reply)
+
+    monkeypatch.setattr(driver, "_step", recording_step)
+    kwargs = {"env_kwargs": {"num_products": 64, "protocol": {"max_turns": 2}}, "sampling": GREEDY}
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=2)
+    threaded = collect_rollouts(engine, tiny_tokenizer, "ragen/WebShop-v0", [0, 1], 2, **kwargs)
+    assert threads and all(name.startswith("ragen-env") for name in threads)
+    assert all(len(t.turn_spans) >= 1 for t in threaded.trajectories)
+    inline = collect_rollouts(GenerateEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, "ragen/WebShop-v0", [0, 1], 2,
+                              **kwargs)  # fmt: skip
+    assert _signature(inline) == _signature(threaded)
