@@ -112,8 +112,16 @@ class HFEngine(GenerationEngine):
         )
         self.prefill_tokens = prefill_tokens
         #: Work done, for benchmarks and tests: tokens run through the model (prefill), tokens reused from a parked
-        #: or shared cache, decode steps, and rows decoded summed over steps.
-        self.stats = {"prefill_tokens": 0, "reused_tokens": 0, "decode_steps": 0, "decoded_rows": 0}
+        #: or shared cache, decode steps, rows decoded summed over steps, and the key columns decode attended to
+        #: (rows x window) against those the rows hold (the rest is padding of shorter rows).
+        self.stats = {
+            "prefill_tokens": 0,
+            "reused_tokens": 0,
+            "decode_steps": 0,
+            "decoded_rows": 0,
+            "attended_columns": 0,
+            "cached_columns": 0,
+        }
 
     def update_weights(self, model: Any) -> None:
         """Generate with ``model`` from now on (the engine otherwise keeps using the object it was given)."""
@@ -349,6 +357,8 @@ class HFSession(GenerationSession):
             row.cached += 1
         self.engine.stats["decode_steps"] += 1
         self.engine.stats["decoded_rows"] += len(rows)
+        self.engine.stats["attended_columns"] += len(rows) * int(mask.shape[-1])
+        self.engine.stats["cached_columns"] += int(lengths.sum()) + len(rows)
         return self._sample(rows, out.logits[:, -1, :])
 
     def _sample(self, rows: list[_Row], logits: Any) -> list[tuple[Hashable, GenerationResult]]:
