@@ -165,6 +165,39 @@ class GenerationEngine(ABC):
         self.close()
 
 
+class ModelEngine(GenerationEngine):
+    """The set-up shared by the engines that sample from an in-process ``transformers`` model (``hf``,
+    ``hf-generate``): the live model, its tokenizer, the batch size, the stop tokens and the log-prob switch."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        batch_size: int,
+        stop_token_ids: list[int] | None,
+        compute_logprobs: bool,
+    ) -> None:
+        from ragen_trainer.models import stop_token_ids as default_stops
+
+        check_arg(
+            isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1,
+            "batch_size",
+            batch_size,
+            "an int >= 1",
+        )
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else default_stops(tokenizer)
+        check_arg(len(self.stop_token_ids) > 0, "stop_token_ids", stop_token_ids, "at least one token id (eos)")
+        self.compute_logprobs = compute_logprobs
+
+    def update_weights(self, model: Any) -> None:
+        """Generate with ``model`` from now on (the engine otherwise keeps using the object it was given)."""
+        self.model = model
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One reply to generate in a :class:`GenerationSession`."""

@@ -46,10 +46,10 @@ from ragen_envs.core import check_arg
 from ragen_trainer.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
-    GenerationEngine,
     GenerationRequest,
     GenerationResult,
     GenerationSession,
+    ModelEngine,
     SamplingParams,
     reply_text,
 )
@@ -58,7 +58,7 @@ from ragen_trainer.engines.base import (
 _COLUMN_CHUNK = 256
 
 
-class HFEngine(GenerationEngine):
+class HFEngine(ModelEngine):
     """Sample replies from a ``transformers`` causal LM with a KV cache kept per episode and continuous batching.
 
     Args:
@@ -86,13 +86,8 @@ class HFEngine(GenerationEngine):
         max_parked_tokens: int = 65_536,
         prefill_tokens: int = 16_384,
     ) -> None:
-        from ragen_trainer.models import stop_token_ids as default_stops
-
-        check_arg(
-            isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1,
-            "batch_size",
-            batch_size,
-            "an int >= 1",
+        super().__init__(
+            model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
         )
         check_arg(
             isinstance(max_parked_tokens, int) and max_parked_tokens >= 0,
@@ -100,12 +95,6 @@ class HFEngine(GenerationEngine):
             max_parked_tokens,
             "an int >= 0 (0: keep no cache between turns)",
         )
-        self.model = model
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else default_stops(tokenizer)
-        check_arg(len(self.stop_token_ids) > 0, "stop_token_ids", stop_token_ids, "at least one token id (eos)")
-        self.compute_logprobs = compute_logprobs
         self.max_parked_tokens = max_parked_tokens
         check_arg(
             isinstance(prefill_tokens, int) and prefill_tokens >= 1, "prefill_tokens", prefill_tokens, "an int >= 1"
@@ -122,10 +111,6 @@ class HFEngine(GenerationEngine):
             "attended_columns": 0,
             "cached_columns": 0,
         }
-
-    def update_weights(self, model: Any) -> None:
-        """Generate with ``model`` from now on (the engine otherwise keeps using the object it was given)."""
-        self.model = model
 
     def session(self, params: SamplingParams, *, keep_cache: bool = True) -> HFSession:
         """A continuous-batching session; ``keep_cache=False`` parks nothing between turns (one-shot batches)."""

@@ -27,8 +27,8 @@ from ragen_envs.core import check_arg
 from ragen_trainer.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
-    GenerationEngine,
     GenerationResult,
+    ModelEngine,
     SamplingParams,
     reply_text,
     stop_string_end,
@@ -71,7 +71,7 @@ class _SampledLogprobs:
         return torch.stack(self.collected[:steps], dim=1)
 
 
-class GenerateEngine(GenerationEngine):
+class GenerateEngine(ModelEngine):
     """Sample replies with ``model.generate``.
 
     Args:
@@ -94,26 +94,11 @@ class GenerateEngine(GenerationEngine):
         stop_token_ids: list[int] | None = None,
         compute_logprobs: bool = True,
     ) -> None:
-        from ragen_trainer.models import stop_token_ids as default_stops
-
-        check_arg(
-            isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1,
-            "batch_size",
-            batch_size,
-            "an int >= 1",
+        super().__init__(
+            model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
         )
-        self.model = model
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
-        self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else default_stops(tokenizer)
-        check_arg(len(self.stop_token_ids) > 0, "stop_token_ids", stop_token_ids, "at least one token id (eos)")
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else int(self.stop_token_ids[0])
-        self.compute_logprobs = compute_logprobs
-
-    def update_weights(self, model: Any) -> None:
-        """Generate with ``model`` from now on (the engine otherwise keeps using the object it was given)."""
-        self.model = model
 
     # ------------------------------------------------------------------------------------------------ generation
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
