@@ -13,7 +13,9 @@ from ragen_trainer.engines.base import (
     FINISH_LENGTH,
     FINISH_STOP,
     GenerationEngine,
+    GenerationRequest,
     GenerationResult,
+    GenerationSession,
     SamplingParams,
 )
 
@@ -22,7 +24,9 @@ __all__ = [
     "FINISH_STOP",
     "GenerateEngine",
     "GenerationEngine",
+    "GenerationRequest",
     "GenerationResult",
+    "GenerationSession",
     "HFEngine",
     "OpenAIEngine",
     "SamplingParams",
