@@ -85,22 +85,52 @@ def _log(message: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------- the work
-def ragen_config(groups: int, group_size: int, max_new_tokens: int, steps: int, seed: int, learning_rate: float,
-                 micro_batch_size: int, kl: float, output_dir: str, stop_at_answer: bool | None) -> Any:
+def ragen_config(
+    groups: int,
+    group_size: int,
+    max_new_tokens: int,
+    steps: int,
+    seed: int,
+    learning_rate: float,
+    micro_batch_size: int,
+    kl: float,
+    output_dir: str,
+    stop_at_answer: bool | None,
+) -> Any:
     """The ragen config of the comparison: the ``grpo`` preset, no filtering, no critic, KL ``kl`` in the loss only."""
-    from ragen_envs.settings import FIELD_NAMES
     from ragen_trainer.config import load_config
 
     changes: dict[str, Any] = {
-        "env_id": ENV_ID, "output_dir": output_dir, "total_steps": steps, "env_groups": groups,
-        "group_size": group_size, "max_new_tokens": max_new_tokens, "filter_ratio": 1.0, "kl_coef": kl,
-        "kl_reward_coef": 0.0, "kl_estimator": "k3", "clip_low": 0.2, "clip_high": 0.2, "actor_lr": learning_rate,
-        "micro_batch_size": micro_batch_size, "generation_batch_size": groups * group_size, "val_every": 0,
-        "save_steps": 0, "resume": False, "report_to": [], "seed": seed, "temperature": 1.0, "top_p": 1.0,
-        "loss_agg_mode": "token-mean", "lr_scheduler_type": "constant", "weight_decay": 0.0, "max_grad_norm": 1.0,
-        "lora_rank": 0, "ppo_epochs": 1,
+        "env_id": ENV_ID,
+        "output_dir": output_dir,
+        "total_steps": steps,
+        "env_groups": groups,
+        "group_size": group_size,
+        "max_new_tokens": max_new_tokens,
+        "filter_ratio": 1.0,
+        "kl_coef": kl,
+        "kl_reward_coef": 0.0,
+        "kl_estimator": "k3",
+        "clip_low": 0.2,
+        "clip_high": 0.2,
+        "actor_lr": learning_rate,
+        "micro_batch_size": micro_batch_size,
+        "generation_batch_size": groups * group_size,
+        "val_every": 0,
+        "save_steps": 0,
+        "resume": False,
+        "report_to": [],
+        "seed": seed,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "loss_agg_mode": "token-mean",
+        "lr_scheduler_type": "constant",
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
+        "lora_rank": 0,
+        "ppo_epochs": 1,
     }
-    if stop_at_answer is not None and "stop_after_answer" in FIELD_NAMES:
+    if stop_at_answer is not None:
         changes["protocol"] = {"stop_after_answer": stop_at_answer}
     cfg = load_config("grpo").replace(**changes).validate()
     if cfg.adv_estimator != "grpo" or cfg.use_critic:
@@ -109,8 +139,8 @@ def ragen_config(groups: int, group_size: int, max_new_tokens: int, steps: int, 
 
 
 def stop_strings(cfg: Any) -> tuple[str, ...]:
-    """The stop strings ragen's rollouts use for this config (none with a protocol that has no such setting)."""
-    return tuple(getattr(cfg.protocol_settings(), "stop_strings", ()) or ())
+    """The stop strings ragen's rollouts use for this config."""
+    return cfg.protocol_settings().stop_strings
 
 
 def first_prompts(cfg: Any, tokenizer: Any, steps: int) -> list[dict[str, Any]]:
@@ -134,7 +164,8 @@ def first_prompts(cfg: Any, tokenizer: Any, steps: int) -> list[dict[str, Any]]:
                 observation, info = env.reset(seed=seed)
                 system = str(info.get("system_prompt") or "")
                 messages = ([{"role": "system", "content": system}] if system else []) + [
-                    {"role": "user", "content": observation}]
+                    {"role": "user", "content": observation}
+                ]
                 text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
                 ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
                 ids += list(tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
@@ -142,18 +173,6 @@ def first_prompts(cfg: Any, tokenizer: Any, steps: int) -> list[dict[str, Any]]:
     finally:
         env.close()
     return rows
-
-
-def _dynamics_seed(seed: int, rollout: int) -> int:
-    """The env-randomness seed of rollout ``rollout`` of a group (the episode driver's, so payouts match ragen's)."""
-    try:
-        from ragen_envs.driver import dynamics_seed
-
-        return int(dynamics_seed(seed, rollout))
-    except ImportError:  # the driver moved it: same formula
-        import numpy as np
-
-        return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(rollout)]).generate_state(1)[0])
 
 
 class BanditReward:
@@ -176,8 +195,16 @@ class BanditReward:
         self.prefix = cfg.protocol_settings().generation_prefix
         self.calls: list[dict[str, float]] = []
 
-    def __call__(self, prompts: list[str], completions: list[Any], completion_ids: list[list[int]],
-                 seed: list[int], **kwargs: Any) -> list[float]:
+    def __call__(
+        self,
+        prompts: list[str],
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        seed: list[int],
+        **kwargs: Any,
+    ) -> list[float]:
+        from ragen_envs.driver import dynamics_seed
+
         t0 = time.perf_counter()
         seen: dict[int, int] = defaultdict(int)
         rewards, successes = [], []
@@ -186,18 +213,20 @@ class BanditReward:
                 text = text[-1]["content"]
             rollout = seen[s]
             seen[s] += 1
-            options = {"dynamics_seed": _dynamics_seed(s, rollout)} if rollout > 0 else None
+            options = {"dynamics_seed": dynamics_seed(s, rollout)} if rollout > 0 else None
             self.env.reset(seed=int(s), options=options)
             _, reward, _, _, info = self.env.step(self.prefix + text)
             rewards.append(float(reward))
             successes.append(float(bool(info.get("success", False))))
-        self.calls.append({
-            "seconds": time.perf_counter() - t0,
-            "completions": float(len(rewards)),
-            "tokens": float(sum(len(ids) for ids in completion_ids)),
-            "reward_sum": float(sum(rewards)),
-            "success_sum": float(sum(successes)),
-        })
+        self.calls.append(
+            {
+                "seconds": time.perf_counter() - t0,
+                "completions": float(len(rewards)),
+                "tokens": float(sum(len(ids) for ids in completion_ids)),
+                "reward_sum": float(sum(rewards)),
+                "success_sum": float(sum(successes)),
+            }
+        )
         return rewards
 
 
@@ -234,8 +263,16 @@ def _mean(values: list[float]) -> float:
 
 def _row(path: str, completions: int, per_step: list[dict[str, float]]) -> dict[str, Any]:
     """A result row: the mean over the timed steps of each phase, and throughputs from those means."""
-    keys = ("step_s", "generated_tokens", "generation_s", "environment_s", "scoring_s", "update_s", "reward_mean",
-            "success_rate")
+    keys = (
+        "step_s",
+        "generated_tokens",
+        "generation_s",
+        "environment_s",
+        "scoring_s",
+        "update_s",
+        "reward_mean",
+        "success_rate",
+    )
     row: dict[str, Any] = {"path": path, "completions": completions, "steps": len(per_step)}
     row.update({k: _mean([s[k] for s in per_step]) for k in keys})
     row["other_s"] = row["step_s"] - sum(row[k] for k in ("generation_s", "environment_s", "scoring_s", "update_s"))
@@ -255,20 +292,23 @@ def run_ragen(cfg: Any, model: Any, tokenizer: Any, warmup: int) -> dict[str, An
     trainer.train()
     history = trainer.history
     if len(history) != cfg.total_steps or len(clock.seconds) != cfg.total_steps:
-        raise RuntimeError(f"ragen-trainer logged {len(history)} steps and timed {len(clock.seconds)}, expected "
-                           f"{cfg.total_steps}")
+        raise RuntimeError(
+            f"ragen-trainer logged {len(history)} steps and timed {len(clock.seconds)}, expected {cfg.total_steps}"
+        )
     per_step = []
     for metrics, seconds in list(zip(history, clock.seconds))[warmup:]:
-        per_step.append({
-            "step_s": seconds,
-            "generated_tokens": metrics.get("batch/model_tokens", float("nan")),
-            "generation_s": metrics.get("time/generation", 0.0),
-            "environment_s": metrics.get("time/environment", 0.0),
-            "scoring_s": metrics.get("time/scoring", 0.0),
-            "update_s": metrics.get("time/update", 0.0),
-            "reward_mean": metrics.get("reward/mean", float("nan")),
-            "success_rate": metrics.get("success_rate", float("nan")),
-        })
+        per_step.append(
+            {
+                "step_s": seconds,
+                "generated_tokens": metrics.get("batch/model_tokens", float("nan")),
+                "generation_s": metrics.get("time/generation", 0.0),
+                "environment_s": metrics.get("time/environment", 0.0),
+                "scoring_s": metrics.get("time/scoring", 0.0),
+                "update_s": metrics.get("time/update", 0.0),
+                "reward_mean": metrics.get("reward/mean", float("nan")),
+                "success_rate": metrics.get("success_rate", float("nan")),
+            }
+        )
     return _row("ragen-trainer (StarPOTrainer, grpo)", cfg.env_groups * cfg.group_size, per_step)
 
 
@@ -399,15 +439,17 @@ def run_trl(cfg: Any, model: Any, tokenizer: Any, warmup: int, output_dir: str) 
         if n != total:
             raise RuntimeError(f"TRL step scored {n:.0f} completions, expected {total}")
         generation, environment = phase.get("generation", 0.0), phase.get("environment", 0.0)
-        per_step.append({
-            "generated_tokens": sum(c["tokens"] for c in calls),
-            "generation_s": generation,
-            "environment_s": environment,
-            "scoring_s": phase.get("generate_and_score", 0.0) - generation - environment,
-            "update_s": phase.get("training_step", 0.0) - phase.get("prepare", 0.0),
-            "reward_mean": sum(c["reward_sum"] for c in calls) / n,
-            "success_rate": sum(c["success_sum"] for c in calls) / n,
-        })
+        per_step.append(
+            {
+                "generated_tokens": sum(c["tokens"] for c in calls),
+                "generation_s": generation,
+                "environment_s": environment,
+                "scoring_s": phase.get("generate_and_score", 0.0) - generation - environment,
+                "update_s": phase.get("training_step", 0.0) - phase.get("prepare", 0.0),
+                "reward_mean": sum(c["reward_sum"] for c in calls) / n,
+                "success_rate": sum(c["success_sum"] for c in calls) / n,
+            }
+        )
 
     clock = _StepClock("TRL GRPOTrainer", cfg.total_steps, warmup, on_end=on_step_end)
     trainer.add_callback(clock.callback)
@@ -470,24 +512,44 @@ def run_trl_comparison(
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if warmup is None:
         warmup = 1 if device == "cuda" else 0
-    checks = (("groups", groups, 1), ("group_size", group_size, 2), ("max_new_tokens", max_new_tokens, 1),
-              ("steps", steps, 1), ("warmup", warmup, 0), ("micro_batch_size", micro_batch_size, 1))
+    checks = (
+        ("groups", groups, 1),
+        ("group_size", group_size, 2),
+        ("max_new_tokens", max_new_tokens, 1),
+        ("steps", steps, 1),
+        ("warmup", warmup, 0),
+        ("micro_batch_size", micro_batch_size, 1),
+    )
     for name, value, low in checks:
         if not isinstance(value, int) or value < low:
             raise ValueError(f"invalid argument {name}={value!r}: expected an int >= {low}")
     total = groups * group_size
     if total % micro_batch_size:
-        raise ValueError(f"invalid argument micro_batch_size={micro_batch_size}: expected a divisor of groups x "
-                         f"group_size = {total} (both sides must accumulate the same micro-batches)")
+        raise ValueError(
+            f"invalid argument micro_batch_size={micro_batch_size}: expected a divisor of groups x "
+            f"group_size = {total} (both sides must accumulate the same micro-batches)"
+        )
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     n_steps = warmup + steps
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-trl-step-") as tmp:
-        cfg = ragen_config(groups, group_size, max_new_tokens, n_steps, seed, learning_rate, micro_batch_size, kl,
-                           str(Path(tmp) / "ragen"), stop_at_answer)
+        cfg = ragen_config(
+            groups,
+            group_size,
+            max_new_tokens,
+            n_steps,
+            seed,
+            learning_rate,
+            micro_batch_size,
+            kl,
+            str(Path(tmp) / "ragen"),
+            stop_at_answer,
+        )
         stops = stop_strings(cfg)
-        _log(f"{ENV_ID}: {groups} x {group_size} rollouts, {max_new_tokens} new tokens, stop strings {list(stops)}, "
-             f"{warmup} warm-up + {steps} timed step(s) per side, {torch.get_num_threads()} threads on {device}")
+        _log(
+            f"{ENV_ID}: {groups} x {group_size} rollouts, {max_new_tokens} new tokens, stop strings {list(stops)}, "
+            f"{warmup} warm-up + {steps} timed step(s) per side, {torch.get_num_threads()} threads on {device}"
+        )
         for side in ("ragen", "trl"):
             _log(f"loading {model_name} for the {side} side")
             model, tokenizer = load_model_and_tokenizer(model_name, device=device, dtype="float32")
@@ -497,8 +559,14 @@ def run_trl_comparison(
                 rows.append(run_trl(cfg, model, tokenizer, warmup, str(Path(tmp) / "trl")))
             del model
     for row in rows:
-        row.update(model=model_name, max_new_tokens=max_new_tokens, stop_strings=list(stops), warmup=warmup,
-                   threads=torch.get_num_threads(), device=device)
+        row.update(
+            model=model_name,
+            max_new_tokens=max_new_tokens,
+            stop_strings=list(stops),
+            warmup=warmup,
+            threads=torch.get_num_threads(),
+            device=device,
+        )
     return rows
 
 
@@ -523,29 +591,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=8, help="N: rollouts per initial state")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--steps", type=int, default=1, help="timed optimizer steps per side")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps first, per side (default: 1 on a GPU, 0 on "
-                   "a CPU)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first, per side (default: 1 on a GPU, 0 on a CPU)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=1e-6)
     p.add_argument("--micro-batch", type=int, default=8, help="completions per forward/backward")
     p.add_argument("--kl", type=float, default=0.0, help="KL coefficient (k3, in the loss), both sides")
     stop = p.add_mutually_exclusive_group()
-    stop.add_argument("--stop-at-answer", dest="stop_at_answer", action="store_true", default=None,
-                      help="end replies at </answer> on both sides")
-    stop.add_argument("--no-stop-at-answer", dest="stop_at_answer", action="store_false",
-                      help="let replies run to end-of-turn or the token limit on both sides")
+    stop.add_argument(
+        "--stop-at-answer",
+        dest="stop_at_answer",
+        action="store_true",
+        default=None,
+        help="end replies at </answer> on both sides",
+    )
+    stop.add_argument(
+        "--no-stop-at-answer",
+        dest="stop_at_answer",
+        action="store_false",
+        help="let replies run to end-of-turn or the token limit on both sides",
+    )
     args = p.parse_args(argv)
-    rows = run_trl_comparison(args.model, args.groups, args.group_size, args.max_new_tokens, args.steps, args.seed,
-                              warmup=args.warmup, learning_rate=args.lr, micro_batch_size=args.micro_batch,
-                              kl=args.kl, stop_at_answer=args.stop_at_answer)
+    rows = run_trl_comparison(
+        args.model,
+        args.groups,
+        args.group_size,
+        args.max_new_tokens,
+        args.steps,
+        args.seed,
+        warmup=args.warmup,
+        learning_rate=args.lr,
+        micro_batch_size=args.micro_batch,
+        kl=args.kl,
+        stop_at_answer=args.stop_at_answer,
+    )
     first = rows[0]
-    print(f"\n{ENV_ID}, model={first['model']}, {first['completions']} completions per step "
-          f"({args.groups} x {args.group_size}), max {first['max_new_tokens']} new tokens, stop strings "
-          f"{first['stop_strings']}, mean of {args.steps} timed step(s) after {first['warmup']} warm-up, "
-          f"{first['threads']} threads on {first['device']}")
+    print(
+        f"\n{ENV_ID}, model={first['model']}, {first['completions']} completions per step "
+        f"({args.groups} x {args.group_size}), max {first['max_new_tokens']} new tokens, stop strings "
+        f"{first['stop_strings']}, mean of {args.steps} timed step(s) after {first['warmup']} warm-up, "
+        f"{first['threads']} threads on {first['device']}"
+    )
     print(format_table(rows))
-    print("\nscoring: ragen's no-grad old-log-prob forward (TRL skips it for one update per batch) plus, for TRL, "
-          "prompt tokenising and advantages; other: optimizer step and bookkeeping outside the named phases.")
+    print(
+        "\nscoring: ragen's no-grad old-log-prob forward (TRL skips it for one update per batch) plus, for TRL, "
+        "prompt tokenising and advantages; other: optimizer step and bookkeeping outside the named phases."
+    )
     return 0
 
 

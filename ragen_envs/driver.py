@@ -480,27 +480,16 @@ class _Stream:
         elif self.pool is not None:
             self.stepping[self.pool.submit(_step, episode, reply)] = episode
         else:
-            try:
-                _step(episode, reply)
-            except Exception:
-                if self.on_error == "raise":
-                    raise
-                self._record_failure([episode])
-                return
-            self._stepped(episode)
+            self._settle(episode, lambda: _step(episode, reply))
 
     def _after_step(self, episode: Episode, future: Future) -> None:
-        try:
-            future.result()
-        except Exception:
-            if self.on_error == "raise":
-                raise
-            self._record_failure([episode])
-            return
-        self._stepped(episode)
+        self._settle(episode, future.result)
 
-    def _stepped(self, episode: Episode) -> None:
+    def _settle(self, episode: Episode, step: Callable[[], object]) -> None:
+        """Run (or collect) ``episode``'s env step and the ``on_step`` hook; then the episode ends or asks again. A
+        failure ends the episode with its traceback (``on_error="record"``) or stops the play."""
         try:
+            step()
             if self.hooks.on_step is not None:
                 self.hooks.on_step(episode, episode.turns[-1])
         except Exception:

@@ -465,8 +465,7 @@ class _BatchCache:
     def add_row(self, index: int, layers: list[tuple[Any, Any]]) -> None:
         """Copy one sequence's cache (``[1, heads, n, dim]`` per layer) into row ``index`` (= the number of rows)."""
         n = layers[0][0].shape[2]
-        if n > self.end or self.end + 1 > self.columns:
-            self._relayout(n, 1)
+        self.reserve(n)
         for buffer, (k, _) in zip(self.keys, layers):
             buffer[index, :, self.end - n : self.end] = k[0, :, -n:]
         for buffer, (_, v) in zip(self.values, layers):
@@ -607,24 +606,6 @@ class _ColumnLayer:
 # ---------------------------------------------------------------- helpers
 def _extends(prompt: list[int], cached: list[int]) -> bool:
     return len(cached) <= len(prompt) and prompt[: len(cached)] == cached
-
-
-def _empty_cache() -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache()
-
-
-def _dynamic_cache(layers: list[tuple[Any, Any]], length: int) -> Any:
-    """A ``DynamicCache`` holding the first ``length`` tokens of a parked cache."""
-    cache = _empty_cache()
-    for i, (k, v) in enumerate(layers):
-        cache.update(k[:, :, :length], v[:, :, :length], i)
-    return cache
-
-
-def _cache_layers(cache: Any) -> list[tuple[Any, Any]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def _generator(seed: int | None, device: Any) -> Any:

@@ -109,20 +109,14 @@ class OpenAIEngine(GenerationEngine):
         restore_stop: bool = True,
     ) -> None:
         check_arg(isinstance(model, str) and model.strip() != "", "model", model, "the model name the server serves")
-        parsed = urllib.parse.urlparse(base_url if isinstance(base_url, str) else "")
-        check_arg(
-            parsed.scheme in ("http", "https") and bool(parsed.netloc),
-            "base_url",
-            base_url,
-            "an http(s) URL such as 'http://127.0.0.1:8000/v1'",
-        )
+        base_url = check_http_url(base_url, "an http(s) URL such as 'http://127.0.0.1:8000/v1'")
         check_arg(isinstance(timeout, (int, float)) and timeout > 0, "timeout", timeout, "a number of seconds > 0")
         check_arg(isinstance(max_retries, int) and max_retries >= 0, "max_retries", max_retries, "an int >= 0")
         check_arg(isinstance(concurrency, int) and concurrency >= 1, "concurrency", concurrency, "an int >= 1")
         check_arg(isinstance(backoff, (int, float)) and backoff >= 0, "backoff", backoff, "a number of seconds >= 0")
         check_arg(extra_body is None or isinstance(extra_body, dict), "extra_body", extra_body, "None or a dict")
         self.model = model
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url
         self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
         self.timeout = float(timeout)
         self.max_retries = max_retries
@@ -207,6 +201,13 @@ class OpenAIEngine(GenerationEngine):
             max_retries=self.max_retries,
             backoff=self.backoff,
         )
+
+
+def check_http_url(base_url: Any, accepted: str) -> str:
+    """``base_url`` without a trailing slash, or a ``ValueError`` saying what is accepted."""
+    parsed = urllib.parse.urlparse(base_url if isinstance(base_url, str) else "")
+    check_arg(parsed.scheme in ("http", "https") and bool(parsed.netloc), "base_url", base_url, accepted)
+    return base_url.rstrip("/")
 
 
 def settle_stop(

@@ -200,15 +200,12 @@ def parse_openai_completion(data: dict[str, Any], url: str) -> tuple[list[int], 
 def _openai_base_url(base_url: Any) -> str:
     import urllib.parse
 
-    parsed = urllib.parse.urlparse(base_url if isinstance(base_url, str) else "")
-    check_arg(
-        parsed.scheme in ("http", "https") and bool(parsed.netloc),
-        "base_url",
-        base_url,
-        "the http(s) URL of a vllm serve server, e.g. 'http://127.0.0.1:8000/v1' (mode='openai')",
+    from ragen_trainer.engines.openai import check_http_url
+
+    url = check_http_url(
+        base_url, "the http(s) URL of a vllm serve server, e.g. 'http://127.0.0.1:8000/v1' (mode='openai')"
     )
-    url = base_url.rstrip("/")
-    return url + "/v1" if parsed.path in ("", "/") else url  # a bare host:port: vllm serve's API root
+    return url + "/v1" if urllib.parse.urlparse(url).path in ("", "/") else url  # bare host:port: the API root
 
 
 class VLLMEngine(GenerationEngine):
