@@ -89,6 +89,7 @@ class HFEngine(ModelEngine):
         super().__init__(
             model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
         )
+        _check_full_attention(model)
         check_arg(
             isinstance(max_parked_tokens, int) and max_parked_tokens >= 0,
             "max_parked_tokens",
@@ -604,6 +605,18 @@ class _ColumnLayer:
 
 
 # ---------------------------------------------------------------- helpers
+def _check_full_attention(model: Any) -> None:
+    """The batch cache gives every layer the whole sequence: models with sliding-window or linear-attention layers
+    would see more than they should, so they are refused with the engine that handles them."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    other = sorted({t for t in (getattr(config, "layer_types", None) or []) if t != "full_attention"})
+    if other:
+        raise ValueError(
+            f"invalid argument model={type(model).__name__}: it has {', '.join(other)} layers; HFEngine supports "
+            "models whose layers all use full attention. Use the hf-generate engine (GenerateEngine) or vllm."
+        )
+
+
 def _extends(prompt: list[int], cached: list[int]) -> bool:
     return len(cached) <= len(prompt) and prompt[: len(cached)] == cached
 

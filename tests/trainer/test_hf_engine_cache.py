@@ -269,3 +269,13 @@ def test_io_bound_envs_step_in_threads_while_the_model_generates(tiny_model, tin
     inline = collect_rollouts(GenerateEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, "ragen/WebShop-v0", [0, 1], 2,
                               **kwargs)  # fmt: skip
     assert _signature(inline) == _signature(threaded)
+
+
+def test_models_with_sliding_window_layers_are_refused_with_the_engine_to_use(tiny_tokenizer):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tiny_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=16,
+                         layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    with pytest.raises(ValueError, match="sliding_attention.*hf-generate"):
+        HFEngine(Qwen2ForCausalLM(config), tiny_tokenizer)
