@@ -129,6 +129,9 @@ def ragen_config(
         "max_grad_norm": 1.0,
         "lora_rank": 0,
         "ppo_epochs": 1,
+        "ppo_mini_batch_size": groups * group_size,  # one optimizer step per batch, as GRPOTrainer's
+        "group_randomness": "independent",  # as BanditReward below
+        "reply_tokens": "sampled",  # TRL trains on the sampled ids
     }
     if stop_at_answer is not None:
         changes["protocol"] = {"stop_after_answer": stop_at_answer}

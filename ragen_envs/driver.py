@@ -16,10 +16,11 @@ a step, e.g. when the model's context is full.
 
 Jobs and seeds. A job is one episode: its group (initial state), the env ``seed`` of that state, its ``rollout`` index
 in the group and any reset ``options``. Every rollout of a group resets with the group's seed, so they share the
-initial state; rollout 0 keeps the env's own randomness from that seed, and each further rollout ``r`` re-seeds what
-happens after the reset (``options["dynamics_seed"]`` = :func:`dynamics_seed`), so the N rollouts of a group see
-independent payouts and slips. A single-rollout evaluation and rollout 0 of a training group are therefore the same
-episode.
+initial state. By default (``group_randomness="shared"``, the reference's ``es_manager``) they also share the env's
+randomness from that seed: the same Bandit payouts, the same FrozenLake slips, so the rollouts of a group differ only
+by what the model does. With ``group_randomness="independent"`` each further rollout ``r`` re-seeds what happens after
+the reset (``options["dynamics_seed"]`` = :func:`dynamics_seed`) and sees its own payouts and slips. Either way a
+single-rollout evaluation and rollout 0 of a training group are the same episode.
 
 Two ways to play, picked by what the agent offers:
 
@@ -196,10 +197,23 @@ def dynamics_seed(seed: int, rollout: int) -> int:
     return int(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, int(rollout)]).generate_state(1)[0])
 
 
+#: How the rollouts of a group draw the env's randomness: ``shared`` (the group's seed, the reference's) or
+#: ``independent`` (rollout ``r > 0`` re-seeded with :func:`dynamics_seed`).
+GROUP_RANDOMNESS: tuple[str, ...] = ("shared", "independent")
+
+
 def rollout_jobs(
-    seeds: Sequence[int], group_size: int = 1, *, options: Sequence[dict[str, Any] | None] | None = None
+    seeds: Sequence[int],
+    group_size: int = 1,
+    *,
+    options: Sequence[dict[str, Any] | None] | None = None,
+    group_randomness: str = "shared",
 ) -> list[EpisodeJob]:
-    """``len(seeds) x group_size`` jobs, group by group: group ``g`` starts from ``seeds[g]`` (with ``options[g]``)."""
+    """``len(seeds) x group_size`` jobs, group by group: group ``g`` starts from ``seeds[g]`` (with ``options[g]``).
+
+    ``group_randomness``: ``"shared"`` (default, the reference's): every rollout of a group plays with the env
+    randomness of the group's seed; ``"independent"``: rollout ``r > 0`` gets ``options["dynamics_seed"]`` =
+    :func:`dynamics_seed` ``(seed, r)``, its own payouts and slips."""
     check_arg(
         isinstance(seeds, (list, tuple)) and all(isinstance(s, (int, np.integer)) and not isinstance(s, bool)
                                                  for s in seeds),
@@ -214,11 +228,16 @@ def rollout_jobs(
         "an int >= 1",
     )
     check_arg(options is None or len(options) == len(seeds), "options", options, "None or one entry per seed")
-    return [
-        EpisodeJob(group_id=g, seed=int(seed), rollout=r, options=None if options is None else options[g])
-        for g, seed in enumerate(seeds)
-        for r in range(group_size)
-    ]
+    check_arg(group_randomness in GROUP_RANDOMNESS, "group_randomness", group_randomness,
+              f"one of {list(GROUP_RANDOMNESS)}")  # fmt: skip
+    jobs = []
+    for g, seed in enumerate(seeds):
+        for r in range(group_size):
+            job_options = None if options is None or options[g] is None else dict(options[g])
+            if group_randomness == "independent" and r > 0:
+                job_options = {**(job_options or {}), "dynamics_seed": dynamics_seed(int(seed), r)}
+            jobs.append(EpisodeJob(group_id=g, seed=int(seed), rollout=r, options=job_options))
+    return jobs
 
 
 class EnvSlots:
@@ -509,8 +528,6 @@ def _as_reply(reply: AgentReply | str) -> AgentReply:
 
 def _start_episode(env_id: str, env_name: str, job: EpisodeJob, env: gym.Env, on_error: str) -> Episode:
     options = dict(job.options or {})
-    if job.rollout > 0:  # further rollouts of a group: same initial state, their own env randomness
-        options["dynamics_seed"] = dynamics_seed(job.seed, job.rollout)
     episode = Episode(env_id=env_id, env_name=env_name, job=job, env=env, messages=[], info={}, reset_info={})
     try:
         observation, info = env.reset(seed=job.seed, options=options or None)
@@ -601,6 +618,7 @@ def env_extras(info: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = [
+    "GROUP_RANDOMNESS",
     "MAX_TURNS_GUARD",
     "PROTOCOL_INFO_KEYS",
     "Agent",

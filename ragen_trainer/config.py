@@ -1,11 +1,14 @@
 """One config object for StarPO / StarPO-S training, its named presets, YAML files and command-line overrides.
 
 :class:`StarPOConfig` is a plain dataclass in TRL's style: every field carries ``metadata={"help": ...}`` and the
-reference code's default (RAGEN ``config/base.yaml``: 8 initial states x 16 rollouts, keep ratio 0.25 by in-group
-reward std, clip 0.2 / 0.28, no KL, entropy 0.001, actor lr 1e-6, critic lr 1e-5, GAE 1.0 / 1.0, 200 steps,
-validation every 10 steps on 256 states at temperature 0.5, 400 tokens per reply, 3600 context). The bare defaults
-are therefore StarPO-S, the paper's method; :data:`PRESETS` names the other settings (vanilla StarPO, GRPO, PPO, and
-the paper's ablations). The turn protocol (turns, actions, thinking, generation prefix, ...) is not a trainer default:
+reference code's effective default (RAGEN ``config/base.yaml`` over verl's ``ppo_trainer.yaml`` at the submodule's
+commit: 8 initial states x 16 rollouts, keep ``floor(0.25 x 8)`` groups by in-group reward std, PPO mini-batches of 32
+trajectories, clip 0.2 / 0.28 with dual clip 3, no KL, entropy 0.001, loss averaged per sequence then over
+sequences, a separate critic model, actor lr 1e-6, critic lr 1e-5, weight decay 0.01, GAE 1.0 / 1.0, the episode
+reward on the last token, 200 steps, validation every 10 steps on 256 states at temperature 0.5, 400 tokens per reply,
+3600 context). The bare defaults are therefore StarPO-S, the paper's method; :data:`PRESETS` names the other settings
+(vanilla StarPO, GRPO, PPO, and the paper's ablations); ``docs/presets.md`` compares every preset with the reference's
+files field by field. The turn protocol (turns, actions, thinking, generation prefix, ...) is not a trainer default:
 each env id declares the reference's (``ragen_envs.ProtocolSettings``), and ``protocol`` changes it.
 
 The module imports neither torch nor transformers, so a bad config fails in milliseconds, before any model loads:
@@ -37,9 +40,12 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "adv_estimator": ("gae", "grpo", "bilevel_gae"),
     "critic": ("none", "value_head", "value_model"),
     "filter_mode": ("std", "std_rev"),
+    "filter_round": ("floor", "ceil"),
     "kl_estimator": ("k1", "k3"),
     "loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-    "reward_placement": ("turn", "trajectory"),
+    "reward_placement": ("trajectory", "turn"),
+    "group_randomness": ("shared", "independent"),
+    "reply_tokens": ("cleaned", "sampled"),
     "engine": ("hf", "hf-generate", "vllm"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
@@ -84,7 +90,7 @@ class StarPOConfig:
     )
     output_dir: str = _f("runs/starpo-s", "Folder for config.yaml, metrics.jsonl, checkpoints and summary.json.")
     seed: int = _f(0, "Seed of the model init, sampling and the training initial states.")
-    total_steps: int = _f(200, "Training steps (one step = one rollout batch and one optimizer update per epoch).")
+    total_steps: int = _f(200, "Training steps (one step = one rollout batch, then its PPO updates).")
 
     # ------------------------------------------------------------------ rollout
     env_groups: int = _f(8, "P: initial states (env seeds) per training step.")
@@ -104,6 +110,16 @@ class StarPOConfig:
         "batching), hf-generate (model.generate from scratch every turn, the plain baseline) or vllm (a vLLM server "
         "that receives the new weights every step).")
     engine_url: str = _f("", "Base URL of the vllm/openai server (e.g. http://127.0.0.1:8000); unused by hf.")
+    group_randomness: str = _f(
+        "shared",
+        "Env randomness of a group's rollouts: shared (the reference's: same seed, same payouts and slips, so the "
+        "rollouts differ only by the model's choices) or independent (each rollout re-seeded after the reset).",
+    )
+    reply_tokens: str = _f(
+        "cleaned",
+        "Trained reply tokens: cleaned (the reference's: the reply cleaned to <think>..</think><answer>..</answer> "
+        "and re-tokenised, the generation prefix trained) or sampled (the sampled ids exactly, prefix masked).",
+    )
 
     # ------------------------------------------------------------------ advantage (paper Sec. 3 / 4)
     adv_estimator: str = _f(
@@ -118,8 +134,8 @@ class StarPOConfig:
     grpo_norm_by_std: bool = _f(True, "GRPO: divide by the group's reward std (false: mean-centre only, Dr.GRPO).")
     whiten_advantages: bool = _f(True, "GAE: whiten advantages over the batch's model tokens (as the reference).")
     reward_placement: str = _f(
-        "turn", "Where rewards sit for GAE: turn (each turn's reward on that reply's last token), trajectory (R(tau) on the "
-        "last model token)."
+        "trajectory", "Where rewards sit for GAE: trajectory (the episode's summed reward on the last model token, the "
+        "reference's), turn (each turn's reward on that reply's last token)."
     )
 
     # ------------------------------------------------------------------ StarPO-S filtering (Sec. 4.1)
@@ -127,37 +143,56 @@ class StarPOConfig:
         0.25, "Keep ratio: the fraction of initial-state groups kept by in-group reward std (1.0 = no filtering)."
     )
     filter_mode: str = _f("std", "Ranking of groups: std keeps the highest in-group reward std, std_rev the lowest.")
+    filter_round: str = _f(
+        "floor", "Kept-group count: floor (int(ratio x groups), the reference's) or ceil; at least one group either way."
+    )
 
     # ------------------------------------------------------------------ losses
     clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
     clip_high: float = _f(0.28, "PPO clip epsilon above 1 (clip-higher; vanilla StarPO uses 0.2).")
-    kl_coef: float = _f(0.0, "Weight of the KL penalty to the reference model (vanilla StarPO 0.001; StarPO-S 0).")
-    kl_estimator: str = _f("k3", "KL estimator: k1 (log-ratio) or k3 (low-variance, always >= 0).")
+    clip_ratio_c: float = _f(
+        3.0, "Dual clip (Ye et al. 2020): with a negative advantage a token's loss is at most -A * clip_ratio_c (> 1)."
+    )
+    kl_coef: float = _f(0.0, "Weight of the KL loss to the reference model (vanilla GRPO 0.001; PPO and StarPO-S 0).")
+    kl_estimator: str = _f("k1", "KL estimator: k1 (log-ratio, the reference's 'kl') or k3 (low-variance, >= 0).")
     kl_reward_coef: float = _f(
         0.0,
         "Weight of the per-token KL to the reference model subtracted from the token rewards before the advantage "
-        "(the reference code's in-reward KL: vanilla StarPO 0.001; StarPO-S 0).",
+        "(the reference code's in-reward KL, off in all its configs).",
     )
     entropy_coef: float = _f(0.001, "Weight of the entropy bonus.")
-    loss_agg_mode: str = _f("token-mean", "How token losses are averaged: token-mean, seq-mean-token-mean, ...sum.")
+    loss_agg_mode: str = _f(
+        "seq-mean-token-mean",
+        "How token losses are averaged: seq-mean-token-mean (each sequence's token mean, then the mean over sequences: "
+        "the reference's, one sequence per micro-batch), token-mean (over all tokens), seq-mean-token-sum.",
+    )
     value_clip: float = _f(0.5, "Clip range of the value loss around the rollout's values.")
-    value_loss_coef: float = _f(0.5, "Weight of the value loss in the total loss.")
-    ppo_epochs: int = _f(1, "Optimizer updates per rollout batch (each reuses the same rollouts).")
+    value_loss_coef: float = _f(
+        1.0, "Weight of the value loss (the reference's critic has its own optimizer and no weight: 1.0)."
+    )
+    ppo_mini_batch_size: int = _f(
+        32,
+        "Trajectories per optimizer step: the kept batch is split in order into mini-batches of this size, one "
+        "update each, all against the log-probs of the policy that generated the rollouts.",
+    )
+    ppo_epochs: int = _f(1, "Passes over the kept batch per step (each pass = one update per mini-batch).")
 
     # ------------------------------------------------------------------ critic
     critic: str = _f(
-        "value_head",
-        "Critic for gae/bilevel_gae: value_head (a linear head on the policy's last hidden state), value_model "
-        "(a separate copy of the backbone with its own head), none (grpo only).",
+        "value_model",
+        "Critic for gae/bilevel_gae: value_model (a separate copy of the backbone with its own head, learning rate "
+        "and gradient clipping: the reference's), value_head (a linear head on the policy's last hidden state: "
+        "cheaper, shares the backbone), none (grpo only).",
     )
 
     # ------------------------------------------------------------------ optimisation
     actor_lr: float = _f(1e-6, "Learning rate of the policy.")
     critic_lr: float = _f(1e-5, "Learning rate of the critic.")
-    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    weight_decay: float = _f(0.01, "AdamW weight decay of the policy and the critic (verl's 0.01).")
     warmup_steps: int = _f(0, "Learning-rate warm-up steps.")
     lr_scheduler_type: str = _f("constant", "Learning-rate schedule.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping by global norm.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping of the policy by its global norm.")
+    critic_max_grad_norm: float = _f(1.0, "Gradient clipping of the critic by its own global norm.")
     micro_batch_size: int = _f(8, "Trajectories per forward/backward pass on each process (memory knob).")
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
     dtype: str = _f("auto", "Weights dtype: auto (bfloat16 on a GPU that supports it, else float32), or explicit.")
@@ -205,7 +240,8 @@ class StarPOConfig:
         for name, allowed in CHOICES.items():
             _check(getattr(self, name) in allowed, name, getattr(self, name), f"one of {list(allowed)}")
         for name in ("total_steps", "env_groups", "group_size", "max_new_tokens", "max_context_tokens",
-                     "micro_batch_size", "generation_batch_size", "ppo_epochs", "val_groups", "logging_steps"):
+                     "micro_batch_size", "generation_batch_size", "ppo_epochs", "ppo_mini_batch_size", "val_groups",
+                     "logging_steps"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
         for name in ("val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "an int >= 0")
@@ -220,7 +256,9 @@ class StarPOConfig:
         for name in ("kl_coef", "kl_reward_coef", "entropy_coef", "value_loss_coef", "weight_decay", "value_clip"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, name, getattr(self, name),
                    "a finite number >= 0")
-        for name in ("actor_lr", "critic_lr", "max_grad_norm"):
+        _check(math.isfinite(self.clip_ratio_c) and self.clip_ratio_c > 1.0, "clip_ratio_c", self.clip_ratio_c,
+               "a finite number > 1")
+        for name in ("actor_lr", "critic_lr", "max_grad_norm", "critic_max_grad_norm"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, getattr(self, name),
                    "a finite number > 0")
         for name in ("temperature", "val_temperature"):
@@ -287,7 +325,7 @@ class StarPOConfig:
         """Initial-state groups kept per step by StarPO-S filtering (:func:`ragen_trainer.filtering.num_kept`)."""
         from ragen_trainer.filtering import num_kept
 
-        return num_kept(self.env_groups, self.filter_ratio)
+        return num_kept(self.env_groups, self.filter_ratio, self.filter_round)
 
     @property
     def use_critic(self) -> bool:
@@ -313,15 +351,18 @@ class StarPOConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------- presets
-_VANILLA = {"filter_ratio": 1.0, "kl_coef": 0.001, "kl_reward_coef": 0.001, "clip_low": 0.2, "clip_high": 0.2}
+#: Vanilla StarPO as the reference's train_all.sh runs it (``$USE_BASE``): no filter, symmetric clip. Its KL
+#: coefficients (0.001) only act where a switch turns them on: ``use_kl_loss`` is on for GRPO only, and the in-reward
+#: KL (``use_kl_in_reward``) is off everywhere, so vanilla PPO trains without KL (see docs/presets.md).
+_VANILLA = {"filter_ratio": 1.0, "clip_low": 0.2, "clip_high": 0.2}
 
 #: name -> (description, field changes from the StarPO-S defaults). The README's presets table is written from this.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "starpo-s": ("StarPO-S: filter keep 0.25 by std, critic (PPO/GAE), no KL, clip 0.2/0.28 (the defaults)", {}),
-    "starpo": ("vanilla StarPO (reference default backbone PPO): no filter, KL 0.001, clip 0.2/0.2", dict(_VANILLA)),
+    "starpo": ("vanilla StarPO (reference default backbone PPO): no filter, clip 0.2/0.2, no KL", dict(_VANILLA)),
     "ppo": ("vanilla StarPO with the PPO backbone (critic + GAE 1.0/1.0), same as starpo", dict(_VANILLA)),
-    "grpo": ("vanilla StarPO with the GRPO backbone: group-normalised return, no critic", {
-        **_VANILLA, "adv_estimator": "grpo", "critic": "none"}),
+    "grpo": ("vanilla StarPO with the GRPO backbone: group-normalised return, no critic, KL loss 0.001", {
+        **_VANILLA, "adv_estimator": "grpo", "critic": "none", "kl_coef": 0.001}),
     "starpo-s-grpo": ("StarPO-S parts on the GRPO backbone (filter, no KL, clip-higher; no critic)", {
         "adv_estimator": "grpo", "critic": "none"}),
     "starpo-s-std-rev": ("ablation: keep the lowest-variance groups (std_rev)", {"filter_mode": "std_rev"}),
@@ -330,8 +371,8 @@ PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
         "protocol": {"enable_think": False}}),
     "starpo-s-no-clip-higher": ("ablation: symmetric clip 0.2/0.2", {"clip_high": 0.2}),
     "starpo-s-kl": ("ablation: StarPO-S with the KL term kept (0.001)", {"kl_coef": 0.001}),
-    "starpo-s-value-model": ("StarPO-S with a separate value model instead of a value head", {
-        "critic": "value_model"}),
+    "starpo-s-value-head": ("StarPO-S with a value head on the policy instead of a separate critic (cheaper)", {
+        "critic": "value_head"}),
 }
 
 

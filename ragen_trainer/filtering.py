@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 FILTER_MODES: tuple[str, ...] = ("std", "std_rev")
+FILTER_ROUNDING: tuple[str, ...] = ("floor", "ceil")
 
 
 @dataclass
@@ -38,15 +39,22 @@ def in_group_std(rewards: Sequence[float]) -> float:
     return float(r.std(ddof=1)) if r.size >= 2 else 0.0
 
 
-def num_kept(num_groups: int, keep_ratio: float) -> int:
-    """How many of ``num_groups`` groups ``keep_ratio`` keeps: ``ceil(ratio * P)``, at least 1."""
+def num_kept(num_groups: int, keep_ratio: float, rounding: str = "floor") -> int:
+    """How many of ``num_groups`` groups ``keep_ratio`` keeps, at least 1 and at most all.
+
+    ``floor``: ``int(ratio * P)``, the reference's ``topk(int(rollout_filter_ratio * num_groups))`` with the same float
+    arithmetic (which would keep no group when ``ratio * P < 1``; ragen keeps one); ``ceil``: ``ceil(ratio * P)``.
+    """
     if not (0.0 < keep_ratio <= 1.0):
         raise ValueError(f"invalid argument keep_ratio={keep_ratio!r}: expected a number in (0, 1]")
-    return max(1, min(num_groups, math.ceil(num_groups * keep_ratio - 1e-9)))
+    if rounding not in FILTER_ROUNDING:
+        raise ValueError(f"invalid argument rounding={rounding!r}: expected one of {list(FILTER_ROUNDING)}")
+    count = int(keep_ratio * num_groups) if rounding == "floor" else math.ceil(num_groups * keep_ratio - 1e-9)
+    return max(1, min(num_groups, count))
 
 
 def filter_groups(
-    group_rewards: Mapping[int, Sequence[float]], keep_ratio: float = 0.25, mode: str = "std"
+    group_rewards: Mapping[int, Sequence[float]], keep_ratio: float = 0.25, mode: str = "std", rounding: str = "floor"
 ) -> FilterResult:
     """Keep the top ``keep_ratio`` of groups by in-group reward std (``std``) or the bottom (``std_rev``).
 
@@ -60,7 +68,7 @@ def filter_groups(
     stds = {int(g): in_group_std(r) for g, r in group_rewards.items()}
     sign = -1.0 if mode == "std" else 1.0
     order = sorted(stds, key=lambda g: (sign * stds[g], g))
-    k = num_kept(len(order), keep_ratio)
+    k = num_kept(len(order), keep_ratio, rounding)
     kept, dropped = order[:k], order[k:]
     all_std = np.array([stds[g] for g in order])
     kept_std = np.array([stds[g] for g in kept])

@@ -13,11 +13,15 @@ import torch
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 
-def agg_loss(loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", normalizer: float | None = None):
+def agg_loss(
+    loss: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", normalizer: float | None = None
+) -> torch.Tensor:
     """Reduce per-token ``loss`` over ``mask``.
 
-    * ``token-mean``: sum over all model tokens / number of model tokens (DAPO's choice; the reference default);
-    * ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (the original GRPO);
+    * ``token-mean``: sum over all model tokens / number of model tokens (DAPO's choice);
+    * ``seq-mean-token-mean``: mean over sequences of each sequence's token mean (the original GRPO; the reference's
+      effective aggregation: verl's ``token-mean`` over micro-batches of one sequence each, divided by the
+      gradient-accumulation count);
     * ``seq-mean-token-sum``: mean over sequences of each sequence's token sum (Dr. GRPO style).
 
     ``normalizer`` replaces the denominator (token count for ``token-mean``, sequence count otherwise).
@@ -45,34 +49,47 @@ def policy_loss(
     *,
     clip_low: float = 0.2,
     clip_high: float = 0.28,
+    clip_ratio_c: float = 3.0,
     agg_mode: str = "token-mean",
     normalizer: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) with decoupled clipping (DAPO's clip-higher; StarPO-S):
+    """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) with decoupled clipping (DAPO's clip-higher; StarPO-S)
+    and dual clipping (Ye et al. 2020, the reference's ``clip_ratio_c``):
 
         ratio_t = exp(log pi(a_t|s_t) - log pi_old(a_t|s_t))
         L_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_t)
+        L_t     = min(L_t, -clip_ratio_c * A_t)            where A_t < 0  (a huge ratio cannot blow the loss up)
 
-    Returns the aggregated loss and detached stats (``clipfrac``, ``clipfrac_high``, ``clipfrac_low``,
-    ``approx_kl`` = mean of ``old - new`` log-probs, ``ratio_mean``), each a token mean over the mask.
+    Returns the aggregated loss and detached stats, each over the mask: ``clipfrac`` (tokens whose clipped term was
+    taken), ``clipfrac_high`` (ratio above ``1 + clip_high`` with A > 0), ``clipfrac_low`` (ratio below
+    ``1 - clip_low`` with A < 0), ``clipfrac_dual`` (A < 0 and the dual bound taken), ``approx_kl`` (token mean of
+    ``old - new`` log-probs), ``ratio_mean``, ``ratio_min``, ``ratio_max``.
     """
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token = torch.maximum(unclipped, clipped)
+    dual_bound = -advantages * clip_ratio_c
+    per_token = torch.where(advantages < 0, torch.minimum(per_token, dual_bound), per_token)
     loss = agg_loss(per_token, mask, agg_mode, normalizer)
-    m = mask.float()
-    n = m.sum().clamp(min=1.0)
     with torch.no_grad():
+        m = mask.float()
+        n = m.sum().clamp(min=1.0)
+        on = mask > 0
         high = ((ratio > 1.0 + clip_high) & (advantages > 0)).float()
         low = ((ratio < 1.0 - clip_low) & (advantages < 0)).float()
+        dual = ((torch.maximum(unclipped, clipped) > dual_bound) & (advantages < 0)).float()
+        picked = ratio[on] if bool(on.any()) else ratio.new_ones(1)
         stats = {
-            "clipfrac": ((high + low) * m).sum() / n,
+            "clipfrac": ((clipped > unclipped).float() * m).sum() / n,
             "clipfrac_high": (high * m).sum() / n,
             "clipfrac_low": (low * m).sum() / n,
+            "clipfrac_dual": (dual * m).sum() / n,
             "approx_kl": (-log_ratio * m).sum() / n,
             "ratio_mean": (ratio * m).sum() / n,
+            "ratio_min": picked.min(),
+            "ratio_max": picked.max(),
         }
     return loss, stats
 

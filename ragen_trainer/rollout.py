@@ -2,8 +2,9 @@
 
 Episodes are played by the one episode driver (:func:`ragen_envs.driver.play_episodes`, the same loop evaluation
 uses) with :class:`TokenAgent`, which generates and keeps the tokens. The N rollouts of a group reset with the group's
-seed, hence the same initial state (the GRPO / StarPO-S group); rollout 0 keeps the env's own randomness from that
-seed and each further rollout draws its own (the driver's ``dynamics_seed``). Each episode is a chat::
+seed, hence the same initial state (the GRPO / StarPO-S group), and by default the same env randomness (the
+reference's; ``group_randomness="independent"`` gives each further rollout its own, the driver's ``dynamics_seed``).
+Each episode is a chat::
 
     system: reset info["system_prompt"]     user: observation     assistant: reply     user: next observation ...
 
@@ -11,42 +12,59 @@ Every turn, the replies of all live episodes are generated in one batched call, 
 ``step``, and the episode ends when the env says so (terminated or truncated: the protocol's ``max_turns`` and action
 budget are the only turn limits) or when the context (``max_context_tokens``) is full (``truncated=True``).
 
-Tokens (the loss mask). The conversation's ``input_ids`` are built incrementally and **the model's sampled tokens are
-never re-tokenised**: generation at turn t+1 continues from exactly the tokens the model produced at turn t, and the
-trainer scores exactly those. Only the environment's text comes from the tokenizer's chat template, as a *delta*:
-the template is rendered with a placeholder in place of the latest reply, and the text after the placeholder (the
-template's end-of-turn marker, the next user message, the next generation prompt) is tokenised and appended with
-``loss_mask`` 0. When the model itself emitted the end-of-turn token that the template writes after a reply
-(``<|im_end|>`` in ChatML), that token is part of the reply (mask 1) and is not written twice. Where the delta
-approach needs care:
+Tokens (the loss mask). The conversation's ``input_ids`` are built incrementally: the environment's text comes from
+the tokenizer's chat template as a *delta* (the template is rendered with a placeholder in place of the latest reply,
+and the text after the placeholder -- the template's end-of-turn marker, the next user message, the next generation
+prompt -- is tokenised and appended with ``loss_mask`` 0). Generation at turn t+1 always continues from exactly the
+ids kept at turn t, so sampling and training see the same sequence. Which ids a reply keeps is ``reply_tokens``:
 
-* A reply cut by ``max_new_tokens`` has no end-of-turn token; the template's marker is then appended as env text
-  (mask 0), so the next turn still sees a well-formed chat.
-* A model that stops with a token the template does not write there (plain eos instead of ``<|eot_id|>``) keeps its
-  token (mask 1) and the template's marker follows (mask 0).
-* Templates that rewrite earlier assistant messages (Qwen3 and DeepSeek-R1 drop old ``<think>`` blocks) would give
-  another text if re-rendered; the rollout keeps the model's tokens as generated, so sampling and training see the
-  same sequence (this is on purpose: it is the sequence the model's probabilities were computed on).
-* Templates without a system role (they raise on one, like Gemma's) get the system prompt folded into the first user
-  message.
-* The delta is tokenised on its own. With ChatML-like templates it starts at a special token or a newline after one,
-  so it tokenises as in the whole rendering; with other templates a merge across the boundary can differ from
-  tokenising the whole text at once, which is harmless (generation continues from the same ids that are trained).
+* ``"cleaned"`` (the default, the reference's: RAGEN ``ragen/llm_agent/ctx_manager.py``). The reply as the env
+  received it (generation prefix + the model's text) is cleaned as ``ContextManager._parse_response`` does
+  (:func:`clean_reply`: ``<think>...</think><answer>...</answer>``, or ``<answer>...</answer>`` with thinking off;
+  text before the first tag and after the first ``</answer>`` dropped; a reply the pattern does not match is kept
+  as it is), then tokenised on its own, followed by the template's end-of-turn token (``<|im_end|>`` in ChatML).
+  These ids replace both the generation prefix at the prompt's end and the sampled ids, and all of them have
+  ``loss_mask`` 1: the prefix is trained as part of the response, as in the reference, where ``get_lm_inputs``
+  (via ``formulate_rollouts``) re-renders every assistant message with its cleaned text and tokenises the whole
+  conversation, and the loss mask covers each assistant turn (its mask, counted from ``<|im_start|>`` tokens in
+  ``get_masks_and_scores``, also covers the role header and the newline after ``<|im_end|>``; ragen trains the reply
+  and its end-of-turn token only). The end-of-turn token is trained even when the model
+  did not write it (a reply cut by ``max_new_tokens`` or stopped at ``</answer>``), as the template writes it inside
+  the assistant turn. The trained ids are not the sampled ones, so the trajectory has no sampling log-probs
+  (``old_logprobs`` is ``None``; the trainer scores its batch with a forward pass anyway), and ``messages`` hold the
+  cleaned replies (``replies`` keep what the env received). Tokenising the reply on its own equals tokenising the
+  whole rendering wherever the reply sits between a newline and a special token (ChatML), and is harmless where a
+  merge across the boundary could differ (generation continues from the trained ids). Cost: where the cleaned ids
+  differ from the sampled ones (e.g. ``"<think>"`` merging with the reply's first word), the HF engine cannot reuse
+  the episode's parked KV cache and re-encodes its next prompt in full (correct either way).
+* ``"sampled"`` (ragen's original behaviour). **The model's sampled tokens are never re-tokenised**: the trainer
+  scores exactly the ids the model produced, with their sampling log-probs. The generation prefix is prompt
+  (``loss_mask`` 0, not the model's sample). When the model itself emitted the end-of-turn token that the template
+  writes after a reply, that token is part of the reply (mask 1) and is not written twice; a reply cut by
+  ``max_new_tokens`` has none, and the template's marker is appended as env text (mask 0); a model that stops with a
+  token the template does not write there (plain eos instead of ``<|eot_id|>``) keeps its token (mask 1) and the
+  template's marker follows (mask 0).
 
-Reply prefix (the reference's *generation prefix*, RAGEN ``ctx_manager.py``). After the template's generation prompt
-the prompt gets ``"<think>"`` (thinking on) or ``"<answer>"`` (thinking off), so the model continues *inside* the
-tag; small instruct models rarely open the tag on their own, and a reply the protocol cannot parse gives no learning
-signal. The prefix tokens are prompt (``loss_mask`` 0, not the model's sample); the env receives ``prefix + reply``
-and the assistant message holds ``prefix + reply``, so ``decode(input_ids)`` is still exactly the template rendering
-of the conversation (the template writes the assistant content right after the generation prompt). The prefix is
-tokenised on its own; since it follows the generation prompt's newline and the model's reply follows it, the only
-difference from tokenising the whole rendering at once is a possible merge across the prefix/reply boundary (e.g.
-``"<answer>"`` + ``"Left"``), which changes no text and is harmless: generation continues from exactly these ids and
-the trainer scores exactly these ids. The prefix is each env's ``ProtocolSettings.generation_prefix``
-(``reply_prefix``: ``"auto"`` picks the tag by ``enable_think``; ``""`` turns the prefix off).
+In both modes ``turn_spans`` are the ``[start, end)`` of each reply's trained ids (exactly the positions with
+``loss_mask`` 1; the prefix is inside the span only under ``"cleaned"``), the env receives ``prefix + reply`` (the
+same text in both modes), and ``decode(input_ids)`` is the template rendering of ``messages`` up to the last reply
+(ChatML-like templates). Earlier replies are never re-rendered, in either mode: templates that rewrite earlier assistant messages
+(Qwen3 and DeepSeek-R1 drop old ``<think>`` blocks) would give another text if the whole chat were rendered again
+(the reference re-renders it every turn; with ChatML templates such as Qwen2.5's, the paper's, the two agree).
+Templates without a system role (they raise on one, like Gemma's) get the system prompt folded into the
+first user message. The delta is tokenised on its own; with ChatML-like templates it starts at a special token or a
+newline after one, so it tokenises as in the whole rendering.
 
-Chat engines (an OpenAI-compatible API) return text only: their replies are re-tokenised to fill ``input_ids`` and
-the trajectory is flagged ``eval_only`` (no log-probs; never train on it).
+Reply prefix (the reference's *generation prefix*, ``ctx_manager.py`` ``get_lm_inputs``). After the template's
+generation prompt the prompt gets ``"<think>"`` (thinking on) or ``"<answer>"`` (thinking off), so the model continues
+*inside* the tag; small instruct models rarely open the tag on their own, and a reply the protocol cannot parse gives
+no learning signal. The prefix is tokenised on its own for generation. The prefix is each env's
+``ProtocolSettings.generation_prefix`` (``reply_prefix``: ``"auto"`` picks the tag by ``enable_think``; ``""`` turns
+the prefix off).
+
+Chat engines (an OpenAI-compatible API) return text only: their replies are re-tokenised as they came to fill
+``input_ids`` (``reply_tokens`` does not apply; no prefix, no cleaning) and the trajectory is flagged ``eval_only``
+(no log-probs; never train on it).
 
 Rewards: ``turn_rewards`` are the env's per-turn rewards; :func:`placed_rewards` puts them on tokens, either the
 trajectory sum on the last model token or each turn's reward on the last token of that turn's reply.
@@ -80,6 +98,12 @@ from ragen_trainer.trajectory import RolloutBatch, Trajectory
 _PLACEHOLDER = "RAGEN_REPLY_PLACEHOLDER_7f3a"
 #: Per-turn sampling seeds are ``seed + turn * _SEED_STRIDE`` (distinct streams per turn, reproducible per run).
 _SEED_STRIDE = 1_000_003
+#: ``reply_tokens`` values: ``"cleaned"`` (the reference's: the cleaned reply re-tokenised, generation prefix trained)
+#: and ``"sampled"`` (the sampled ids kept exactly, generation prefix masked). See the module docstring.
+REPLY_TOKENS: tuple[str, ...] = ("cleaned", "sampled")
+#: What the reference removes from the thinking and the answer of a well-formed reply (``ctx_manager.py``,
+#: ``ContextManager.special_token_list``), in its order.
+_REFERENCE_STRIPPED = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
 
 
 class ChatTokens:
@@ -104,6 +128,7 @@ class ChatTokens:
             )
         self.tokenizer = tokenizer
         self.fold_system = not self._accepts_system()
+        self._end_of_turn: list[int] | None = None  # end_of_turn_ids(), rendered on first use
 
     def _accepts_system(self) -> bool:
         try:
@@ -156,6 +181,19 @@ class ChatTokens:
     def delta_ids(self, history: list[dict[str, str]], reply_ids: list[int], observation: str) -> list[int]:
         return self.encode(self.delta_text(history, reply_ids, observation))
 
+    def end_of_turn_ids(self) -> list[int]:
+        """The special token the template writes right after an assistant message (``<|im_end|>`` in ChatML), as
+        ids; ``[]`` when the template writes none there (then the end of turn stays env text, as ``delta_text``
+        gives it). Rendered once on a probe chat: templates write the same marker after every reply."""
+        if self._end_of_turn is None:
+            probe = [{"role": "user", "content": "U"}, {"role": "assistant", "content": _PLACEHOLDER}]
+            rendered = self._render(self.chat_messages(probe), False)
+            tail = rendered[rendered.rfind(_PLACEHOLDER) + len(_PLACEHOLDER) :] if _PLACEHOLDER in rendered else ""
+            # The longest special token opening the tail (a marker may be a prefix of another one).
+            marker = max((t for t in self._special_tokens() if t.strip() and tail.startswith(t)), key=len, default="")
+            self._end_of_turn = self.encode(marker) if marker else []
+        return list(self._end_of_turn)
+
     def _special_tokens(self) -> set[str]:
         tokens = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
         added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
@@ -177,6 +215,63 @@ def _sampling_seed(base: int | None, turn: int) -> int | None:
     return None if base is None else base + turn * _SEED_STRIDE
 
 
+def _reference_match(text: str, enable_think: bool) -> tuple[str, str] | None:
+    """``(think, answer)`` as the reference's ``re.search`` finds them, or ``None`` when it finds nothing.
+
+    The reference searches ``<think>(.*?)</think>\\s*<answer>(.*?)</answer>`` (thinking on) or
+    ``<answer>(.*?)</answer>`` with ``re.DOTALL``. Linear scans give the same groups without regex backtracking
+    (cubic on a reply full of tags): the match always starts at the first opening tag, because any later start that
+    matches makes the first one match too, and the lazy groups end at the first closing tags that let the rest match.
+    """
+    if not enable_think:
+        start = text.find("<answer>")
+        end = text.find("</answer>", start + len("<answer>")) if start >= 0 else -1
+        return None if end < 0 else ("", text[start + len("<answer>") : end])
+    start = text.find("<think>")
+    if start < 0:
+        return None
+    close = text.find("</think>", start + len("<think>"))
+    while close >= 0:
+        after = close + len("</think>")
+        rest = text[after:].lstrip()  # \s* in a str pattern: Unicode whitespace, as str.lstrip strips
+        if rest.startswith("<answer>"):
+            # The first </think> followed by <answer> is the one to use: a later one could only need a later </answer>.
+            opened = len(text) - len(rest) + len("<answer>")
+            end = text.find("</answer>", opened)
+            return None if end < 0 else (text[start + len("<think>") : close], text[opened:end])
+        close = text.find("</think>", after)
+    return None
+
+
+def clean_reply(reply: str, *, enable_think: bool, action_sep: str, max_actions: int) -> str:
+    """The reply as the reference trains it (``ragen/llm_agent/ctx_manager.py``, ``ContextManager._parse_response``).
+
+    A well-formed reply becomes ``<think>{think}</think><answer>{answer}</answer>`` (``<answer>{answer}</answer>``
+    with thinking off): text before the first tag and after the first ``</answer>`` is dropped, the tags and ChatML
+    markers are removed from inside think and answer, both are stripped, and an answer with more than
+    ``max_actions`` actions keeps the first ``max_actions``, joined by ``" {action_sep} "``. A reply the reference's
+    pattern does not match is returned unchanged (the reference keeps "this kind of invalid string" as it is).
+
+    ``reply`` is what the env receives: the generation prefix followed by the model's text (special tokens already
+    skipped by the decoder, as the reference decodes with ``skip_special_tokens=True``).
+
+    >>> clean_reply("<think> go left </think>\\n<answer>Left || Up</answer> and more", enable_think=True,
+    ...             action_sep="||", max_actions=1)
+    '<think>go left</think><answer>Left</answer>'
+    """
+    found = _reference_match(reply, enable_think)
+    if found is None:
+        return reply
+    think, answer = found
+    for token in _REFERENCE_STRIPPED:  # the reference's loop: replace, then strip, token by token
+        answer = answer.replace(token, "").strip()
+        think = think.replace(token, "").strip()
+    actions = [action.strip() for action in answer.split(action_sep) if action.strip()]
+    if len(actions) > max_actions:
+        answer = f" {action_sep} ".join(actions[:max_actions])
+    return f"<think>{think}</think><answer>{answer}</answer>" if enable_think else f"<answer>{answer}</answer>"
+
+
 class TokenAgent:
     """An agent for :func:`ragen_envs.driver.play_episodes` that generates with an engine and keeps every episode's
     exact token ids, loss mask, log-probs and turn spans in ``episode.memory["tokens"]`` (see the module docstring).
@@ -187,6 +282,11 @@ class TokenAgent:
     prefix (``ProtocolSettings.generation_prefix``: ``<think>`` / ``<answer>`` by ``enable_think``, the reference's),
     and the env receives ``prefix + reply``. A chat engine (text only) gets the messages and no prefix.
 
+    ``reply_tokens`` says which tokens of a reply are kept and trained (see the module docstring): ``"cleaned"``
+    (the reference's) replaces the prefix and the sampled ids by the tokenisation of the cleaned reply
+    (:func:`clean_reply`) and the template's end-of-turn token, all with ``loss_mask`` 1; ``"sampled"`` keeps the
+    sampled ids exactly, the prefix masked. Later prompts continue from the kept ids either way.
+
     Args:
         engine: a token engine (trainable trajectories) or a chat engine (``eval_only`` trajectories).
         tokenizer: the policy's tokenizer (``None`` only with a chat engine: no token ids are then kept).
@@ -195,6 +295,8 @@ class TokenAgent:
             for one generated token ends (truncated, ``stop="context full"``), and a reply that would overflow is cut.
         seed_for: the sampling seed of a call from its live episodes and the turn index; default
             ``sampling.seed + turn * 1000003`` (distinct streams per turn, reproducible per run).
+        reply_tokens: ``"cleaned"`` (default, the reference's) or ``"sampled"``; applies to token engines (a chat
+            engine's replies are re-tokenised as they came, for ``eval_only`` trajectories).
     """
 
     def __init__(
@@ -205,8 +307,10 @@ class TokenAgent:
         *,
         max_context_tokens: int = 3600,
         seed_for: Callable[[list[Episode], int], int | None] | None = None,
+        reply_tokens: str = "cleaned",
     ) -> None:
         check_arg(isinstance(sampling, SamplingParams), "sampling", type(sampling).__name__, "a SamplingParams")
+        check_reply_tokens(reply_tokens)
         check_arg(
             isinstance(max_context_tokens, int) and max_context_tokens >= 2,
             "max_context_tokens",
@@ -222,6 +326,7 @@ class TokenAgent:
         self.chat = ChatTokens(tokenizer) if tokenizer is not None else None
         self.sampling = sampling
         self.max_context_tokens = max_context_tokens
+        self.reply_tokens = reply_tokens
         self.seed_for = seed_for or (lambda episodes, turn: _sampling_seed(sampling.seed, turn))
         self.timings = {"generation": 0.0, "tokenization": 0.0}
         self._prefix_ids: dict[str, list[int]] = {}
@@ -237,7 +342,8 @@ class TokenAgent:
             check_prefix_supported(self.engine, settings, episode.env_name)
             prefix = settings.generation_prefix if self.token_engine else ""
             state = {"prefix": prefix, "input_ids": [], "loss_mask": [], "logprobs": [], "spans": [],
-                     "finish_reasons": [], "last_reply_ids": []}  # fmt: skip
+                     "finish_reasons": [], "last_reply_ids": [], "trained_replies": [],
+                     "settings": settings}  # fmt: skip
             episode.memory["tokens"] = state
         return state
 
@@ -351,14 +457,36 @@ class TokenAgent:
     def _record(self, state: dict[str, Any], result: GenerationResult) -> AgentReply:
         """Append a reply's tokens to its episode's state; the reply as the env sees it."""
         result = self._fit(state, result)
-        start = len(state["input_ids"])
-        if result.token_ids:
-            _add(state, result.token_ids, trained=True, logprobs=result.logprobs)
+        # The reply as the env sees it, in both modes: the prefix the model continued from, then its text.
+        env_text = state["prefix"] + result.text
+        if self.reply_tokens == "cleaned" and self.token_engine and self.chat is not None:
+            start, ids, finish = self._cleaned_ids(state, env_text, result.finish_reason)
+            _add(state, ids, trained=True, logprobs=None)  # not the sampled ids: no sampling log-probs for them
+        else:
+            start, ids, finish = len(state["input_ids"]), result.token_ids, result.finish_reason
+            if ids:
+                _add(state, ids, trained=True, logprobs=result.logprobs)
+            state["trained_replies"].append(env_text)
         state["spans"].append((start, len(state["input_ids"])))
-        state["finish_reasons"].append(result.finish_reason)
-        state["last_reply_ids"] = result.token_ids
-        # The reply as the env and the chat see it: the prefix the model continued from, then its text.
-        return AgentReply(state["prefix"] + result.text, len(result.token_ids) or None)
+        state["finish_reasons"].append(finish)
+        state["last_reply_ids"] = ids
+        return AgentReply(env_text, len(result.token_ids) or None)
+
+    def _cleaned_ids(self, state: dict[str, Any], env_text: str, finish: str) -> tuple[int, list[int], str]:
+        """The reference's trained reply (``reply_tokens="cleaned"``): the generation prefix is taken off the
+        prompt's end, and the cleaned reply (prefix included) is tokenised with the template's end-of-turn token
+        after it, cut to the context. Returns where the reply starts, its ids and its finish reason."""
+        assert self.chat is not None
+        settings = state["settings"]
+        cleaned = clean_reply(env_text, enable_think=settings.enable_think, action_sep=settings.action_sep,
+                              max_actions=settings.actions_per_turn)  # fmt: skip
+        state["trained_replies"].append(cleaned)
+        _drop_tail(state, len(self._prefix(state["prefix"])))
+        ids = self.chat.encode(cleaned) + self.chat.end_of_turn_ids()
+        room = self.max_context_tokens - len(state["input_ids"])
+        if len(ids) > room:  # re-tokenising (and the end-of-turn token) may need more room than the sample did
+            ids, finish = ids[: max(room, 0)], FINISH_LENGTH
+        return len(state["input_ids"]), ids, finish
 
     def _fit(self, state: dict[str, Any], result: GenerationResult) -> GenerationResult:
         """Re-tokenise chat-engine replies, and cut a reply that would overflow the context."""
@@ -388,7 +516,7 @@ class TokenAgent:
             group_id=episode.group_id,
             seed=episode.seed,
             env_id=episode.env_id,
-            messages=episode.messages,
+            messages=_trained_messages(episode.messages, state.get("trained_replies") or []),
             input_ids=state["input_ids"],
             loss_mask=state["loss_mask"],
             turn_spans=state["spans"][: len(episode.turns)],
@@ -401,6 +529,38 @@ class TokenAgent:
             finish_reasons=state["finish_reasons"][: len(episode.turns)],
             eval_only=not self.token_engine,
         )
+
+
+def check_reply_tokens(reply_tokens: Any) -> None:
+    """Raise a ``ValueError`` unless ``reply_tokens`` is one of :data:`REPLY_TOKENS`."""
+    check_arg(
+        reply_tokens in REPLY_TOKENS,
+        "reply_tokens",
+        reply_tokens,
+        "'cleaned' (the reference's: the cleaned reply re-tokenised, generation prefix trained) or 'sampled' "
+        "(the sampled ids exactly, generation prefix masked)",
+    )
+
+
+def _trained_messages(messages: list[dict[str, str]], replies: list[str]) -> list[dict[str, str]]:
+    """``messages`` with the assistant contents replaced, in order, by the replies as trained (the cleaned text
+    under ``reply_tokens="cleaned"``), so the template renders the trained sequence."""
+    out, turn = [], 0
+    for message in messages:
+        if message["role"] == "assistant" and turn < len(replies):
+            message = {**message, "content": replies[turn]}
+            turn += 1
+        out.append(message)
+    return out
+
+
+def _drop_tail(state: dict[str, Any], n: int) -> None:
+    """Remove the last ``n`` tokens (the generation prefix) from ``state``'s sequence."""
+    if n <= 0:
+        return
+    del state["input_ids"][-n:], state["loss_mask"][-n:]
+    if state["logprobs"] is not None:
+        del state["logprobs"][-n:]
 
 
 def _add(state: dict[str, Any], ids: list[int], trained: bool, logprobs: list[float] | None = None) -> None:
@@ -423,6 +583,8 @@ def collect_rollouts(
     env_kwargs: dict[str, Any] | None = None,
     sampling: SamplingParams,
     max_context_tokens: int = 3600,
+    group_randomness: str = "shared",
+    reply_tokens: str = "cleaned",
     progress: bool = False,
 ) -> RolloutBatch:
     """Run ``len(seeds) x group_size`` episodes of ``env_id`` with ``engine`` through the episode driver
@@ -440,6 +602,12 @@ def collect_rollouts(
         sampling: decoding settings; with ``sampling.seed`` set, turn ``t`` samples with ``seed + t * 1000003``.
         max_context_tokens: the longest a conversation may grow (prompt + replies); an episode that fills it ends
             ``truncated`` and a reply that would overflow it is cut.
+        group_randomness: ``"shared"`` (the reference's: a group's rollouts see the same payouts and slips) or
+            ``"independent"`` (each rollout its own; :func:`ragen_envs.driver.rollout_jobs`).
+        reply_tokens: the trained tokens of each reply: ``"cleaned"`` (the reference's: the reply cleaned by
+            :func:`clean_reply` and re-tokenised, the generation prefix trained; ``old_logprobs`` is then ``None``)
+            or ``"sampled"`` (the sampled ids exactly, with their log-probs; the prefix masked). See the module
+            docstring.
         progress: show a progress bar (episodes finished, current turn).
 
     Returns:
@@ -458,8 +626,8 @@ def collect_rollouts(
     if env_id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("ragen/"))
         raise ValueError(f"invalid argument env_id={env_id!r}: not a registered gymnasium id; ragen ids: {known}")
-    agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens)
-    jobs = rollout_jobs(list(seeds), group_size)
+    agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens)
+    jobs = rollout_jobs(list(seeds), group_size, group_randomness=group_randomness)
     started = time.perf_counter()
     bar = _progress_bar(progress, len(jobs), env_id)
     try:
@@ -512,9 +680,12 @@ def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = 
 
 
 __all__ = [
+    "REPLY_TOKENS",
     "ChatTokens",
     "TokenAgent",
     "check_prefix_supported",
+    "check_reply_tokens",
+    "clean_reply",
     "collect_rollouts",
     "placed_rewards",
 ]

@@ -7,12 +7,17 @@ One training step, top to bottom (the paper's Algorithm 1, with StarPO-S's parts
    groups and the trajectories are gathered, so every process holds the same batch.
 2. **Filter** (StarPO-S) -- keep the top ``filter_ratio`` of groups by in-group reward std
    (:mod:`ragen_trainer.filtering`). Filtered groups are dropped *here*: no scoring forward, no backward.
-3. **Score** -- one no-grad forward over the kept trajectories (sharded over processes) for the old log-probs, the
-   reference log-probs (when ``kl_coef > 0``) and the critic's values.
+3. **Score** -- one no-grad forward over the kept trajectories (sharded over processes) for the old log-probs (the
+   policy that generated the rollouts, before any update of this step), the reference log-probs (when a KL
+   coefficient is set) and the critic's values.
 4. **Advantages** -- GRPO, GAE or bi-level GAE (:mod:`ragen_trainer.advantages`) over the kept batch.
-5. **Update** -- micro-batches of kept trajectories through ``Trainer``'s gradient-accumulation loop; the loss
-   (:mod:`ragen_trainer.losses`) is clipped PPO with decoupled clipping, entropy bonus, optional KL, and the clipped
-   value loss, normalised by the whole batch's token count so micro-batches and processes add up exactly.
+5. **Update** -- PPO as the reference runs it (verl's ``dp_actor.update_policy``): the kept trajectories are split, in
+   order, into mini-batches of ``ppo_mini_batch_size``; each mini-batch is one optimizer step, ``ppo_epochs`` passes
+   over them, every step against the step-3 log-probs, so from the second update on the ratio moves and clipping
+   engages. A mini-batch runs as micro-batches through ``Trainer``'s gradient-accumulation loop; the loss
+   (:mod:`ragen_trainer.losses`) is clipped PPO with decoupled and dual clipping, entropy bonus, optional KL, and the
+   clipped value loss, normalised by the mini-batch's token (or sequence) count so micro-batches and processes add
+   up exactly. The policy's and the critic's gradients are clipped each by its own norm.
 
 Why ``transformers.Trainer`` and not ``trl.GRPOTrainer``: GRPOTrainer's step is built around one prompt -> one
 completion with scalar rewards from reward functions, a prompt dataset fed through its ``RepeatSampler``, and a
@@ -126,15 +131,25 @@ class _QuietProgress(ProgressCallback):
         return None
 
 
+def mini_batch_count(config: StarPOConfig) -> int:
+    """PPO mini-batches per pass: the kept trajectories split into ``ppo_mini_batch_size`` (the last may be smaller)."""
+    return max(1, math.ceil(config.kept_groups * config.group_size / config.ppo_mini_batch_size))
+
+
+def updates_per_step(config: StarPOConfig) -> int:
+    """Optimizer steps per training step: one per mini-batch, ``ppo_epochs`` passes."""
+    return config.ppo_epochs * mini_batch_count(config)
+
+
 def micro_batch_count(config: StarPOConfig, world_size: int) -> int:
-    """Micro-batches per optimizer step on each process: the kept trajectories split into ``micro_batch_size``."""
-    kept = config.kept_groups * config.group_size
-    return max(1, math.ceil(kept / (world_size * config.micro_batch_size)))
+    """Micro-batches per optimizer step on each process: the largest mini-batch split into ``micro_batch_size``."""
+    largest = min(config.kept_groups * config.group_size, config.ppo_mini_batch_size)
+    return max(1, math.ceil(largest / (world_size * config.micro_batch_size)))
 
 
 def build_training_arguments(config: StarPOConfig, world_size: int, **overrides: Any) -> TrainingArguments:
     """The ``transformers.TrainingArguments`` a :class:`StarPOConfig` implies (``overrides`` win)."""
-    ppo = config.ppo_epochs
+    ppo = updates_per_step(config)
     kwargs: dict[str, Any] = dict(
         output_dir=config.output_dir,
         max_steps=config.total_steps * ppo,
@@ -219,6 +234,8 @@ class StarPOTrainer(Trainer):
             tokenizer.pad_token = tokenizer.eos_token
         world = PartialState().num_processes
         self.n_micro = micro_batch_count(config, world)
+        self.n_mini = mini_batch_count(config)
+        self.n_updates = updates_per_step(config)
 
         # The reference policy is copied before a critic is attached (the copy must not carry one).
         if (config.kl_coef > 0 or config.kl_reward_coef > 0) and ref_model is None:
@@ -261,8 +278,9 @@ class StarPOTrainer(Trainer):
             engine = engine_cls(model, tokenizer, batch_size=config.generation_batch_size)
         self.engine = engine
 
-        self._buffer: list[dict[str, Any]] | None = None
+        self._buffer: list[list[dict[str, Any]]] | None = None  # [mini-batch][micro-batch]
         self._micro = 0
+        self._grad_norms: dict[str, list[float]] = defaultdict(list)  # per update, since the last log
         self._step_stats: dict[str, list[float]] = defaultdict(list)
         self._pending: dict[str, float] = {}
         self._timings: dict[str, float] = defaultdict(float)
@@ -299,23 +317,42 @@ class StarPOTrainer(Trainer):
         update = time.perf_counter() - t0 - self._prepare_seconds
         self._timings["time/update"] = self._timings.get("time/update", 0.0) + update
         self._micro += 1
-        if self._micro % self.n_micro == 0:
+        if self._micro % (self.n_micro * self.n_updates) == 0:
             self._finish_step_stats()
         return loss
 
     def _prepare_inputs(self, inputs: Any) -> dict[str, Any]:
-        micro = self._micro % self.n_micro
-        if micro == 0 and (self._buffer is None or self.state.global_step % self.cfg.ppo_epochs == 0):
+        position = self._micro % (self.n_micro * self.n_updates)  # micro-batch index within the training step
+        if position == 0 and (self._buffer is None or self.state.global_step % self.n_updates == 0):
             t0 = time.perf_counter()
             self._buffer = self._rollout_step()
             self._prepare_seconds = time.perf_counter() - t0
         assert self._buffer is not None
+        update, micro = divmod(position, self.n_micro)
+        mini = update % self.n_mini  # pass (epoch) update // n_mini goes over the same mini-batches again
         return {k: (v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v)
-                for k, v in self._buffer[micro].items()}
+                for k, v in self._buffer[mini][micro].items()}
 
-    def _rollout_step(self) -> list[dict[str, Any]]:
+    def _clip_grad_norm(self, model: Any) -> Any:
+        """Clip the policy's and the critic's gradients each by its own norm (the reference's two optimizers, each
+        with ``grad_clip``); returns the policy's norm before clipping. Under DeepSpeed, one joint clip."""
+        if self.is_deepspeed_enabled:
+            norm = super()._clip_grad_norm(model)
+        else:
+            actor, critic = [], []
+            for name, param in model.named_parameters():
+                if param.requires_grad:
+                    (critic if CRITIC_ATTR in name else actor).append(param)
+            norm = self.accelerator.clip_grad_norm_(actor, self.cfg.max_grad_norm)
+            if critic:
+                critic_norm = self.accelerator.clip_grad_norm_(critic, self.cfg.critic_max_grad_norm)
+                self._grad_norms["critic/grad_norm"].append(float(critic_norm))
+        self._grad_norms["optim/grad_norm"].append(float(norm))
+        return norm
+
+    def _rollout_step(self) -> list[list[dict[str, Any]]]:
         cfg = self.cfg
-        step = self.state.global_step // cfg.ppo_epochs
+        step = self.state.global_step // self.n_updates
         if cfg.val_every and step % cfg.val_every == 0:
             self._pending.update(self.validate(step))
 
@@ -330,7 +367,7 @@ class StarPOTrainer(Trainer):
         groups: dict[int, list[float]] = defaultdict(list)
         for t in trajs:
             groups[t.group_id].append(t.reward)
-        result = filter_groups(groups, cfg.filter_ratio, cfg.filter_mode)
+        result = filter_groups(groups, cfg.filter_ratio, cfg.filter_mode, cfg.filter_round)
         kept_ids = set(result.kept)
         kept = [t for t in trajs if t.group_id in kept_ids]
         if any(t.eval_only for t in kept):
@@ -344,8 +381,9 @@ class StarPOTrainer(Trainer):
         self._timings["time/scoring"] = time.perf_counter() - t1
         batch = self._advantages(kept, scores)
         metrics.update(batch.pop("metrics"))
+        metrics["optim/updates"] = float(self.n_updates)
         self._pending.update(metrics)
-        return self._micro_batches(batch)
+        return self._mini_batches(batch)
 
     # ------------------------------------------------------------------------------------------ 1. rollout
     def _collect(self, seeds: list[int], group_size: int, temperature: float, *,
@@ -375,6 +413,7 @@ class StarPOTrainer(Trainer):
                 batch = collect_rollouts(
                     self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local], group_size,
                     env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
+                    group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
                     progress=self.accelerator.is_main_process,
                 )
             for t in batch.trajectories:  # local group index -> global group index
@@ -535,22 +574,31 @@ class StarPOTrainer(Trainer):
             "metrics": metrics,
         }
 
-    # ------------------------------------------------------------------------------------------ 5. micro-batches
-    def _micro_batches(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+    # ------------------------------------------------------------------------------------------ 5. mini-batches
+    def _mini_batches(self, batch: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        """The kept trajectories in order, split into ``n_mini`` PPO mini-batches (verl's ``batch.split``, no shuffle),
+        each into this process's ``n_micro`` micro-batches."""
+        kept: list[Trajectory] = batch["kept"]
+        size = self.cfg.ppo_mini_batch_size
+        return [self._micro_batches(batch, list(range(start, min(start + size, len(kept)))))
+                for start in range(0, size * self.n_mini, size)]
+
+    def _micro_batches(self, batch: dict[str, Any], members: list[int]) -> list[dict[str, Any]]:
         kept: list[Trajectory] = batch["kept"]
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        mine = list(range(rank, len(kept), world))
-        total_tokens = float(batch["mask"].sum())
-        n_seqs = float((batch["mask"].sum(-1) > 0).sum())
-        # Each process divides by its share of the global count; DDP then averages over processes, so the summed
-        # gradient equals the gradient of the loss averaged over every kept model token of the step.
-        norm = (total_tokens if self.cfg.loss_agg_mode == "token-mean" else n_seqs) / world
+        mine = members[rank::world]
+        rows_mask = batch["mask"][members]
+        tokens = float(rows_mask.sum())
+        seqs = float((rows_mask.sum(-1) > 0).sum())
+        # Each process divides by its share of the mini-batch's count; DDP then averages over processes, so the summed
+        # gradient is that of the loss averaged over the whole mini-batch (per token, or per sequence).
+        norm = (tokens if self.cfg.loss_agg_mode == "token-mean" else seqs) / world
         chunks = [list(c) for c in np.array_split(np.array(mine, dtype=np.int64), self.n_micro)]
         out = []
         for chunk in chunks:
             weight = 1.0
             if not chunk:  # nothing left for this micro-batch: a zero-weight one keeps DDP's collectives in step
-                chunk, weight = [mine[0] if mine else 0], 0.0
+                chunk, weight = [mine[0] if mine else members[0] if members else 0], 0.0
             trajs = [kept[i] for i in chunk]
             ids, attn = self._pack(trajs)
             w = ids.shape[1] - 1
@@ -582,7 +630,8 @@ class StarPOTrainer(Trainer):
         logp, ent, values = self._forward(model, inputs["input_ids"], inputs["attention_mask"], entropy=True,
                                           values=cfg.use_critic, mask=mask > 0)
         pg, pg_stats = policy_loss(logp, inputs["old_logprobs"], inputs["advantages"], mask, clip_low=cfg.clip_low,
-                                   clip_high=cfg.clip_high, agg_mode=cfg.loss_agg_mode, normalizer=norm)
+                                   clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode,
+                                   normalizer=norm)
         ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, norm)
         loss = pg - cfg.entropy_coef * ent_loss
         stats = {"loss/policy": pg.detach(), "policy/entropy": ent_loss.detach()}
@@ -595,30 +644,45 @@ class StarPOTrainer(Trainer):
                                       agg_mode=cfg.loss_agg_mode, normalizer=norm)
             loss = loss + cfg.value_loss_coef * vf
             stats["loss/value"] = vf.detach()
-            stats["critic/vf_clipfrac"] = vf_stats["vf_clipfrac"]
-        # Sums over micro-batches give the step's value (losses are pre-normalised); ratios are token-weighted.
+            self._step_stats["tok:critic/vf_clipfrac"].append(float(vf_stats["vf_clipfrac"]) * float(mask.sum()))
+        # Sums over micro-batches give each update's value (losses are pre-normalised), averaged over the step's
+        # updates; fractions and the mean ratio are token-weighted over all of them; min / max over all of them.
         n_tok = float(mask.sum())
         for k, v in stats.items():
             self._step_stats["sum:" + k].append(float(v))
-        for k in ("clipfrac", "clipfrac_high", "clipfrac_low", "approx_kl"):
+        for k in ("clipfrac", "clipfrac_high", "clipfrac_low", "clipfrac_dual", "approx_kl", "ratio_mean"):
             self._step_stats["tok:policy/" + k].append(float(pg_stats[k]) * n_tok)
+        if n_tok > 0:
+            self._step_stats["min:policy/ratio_min"].append(float(pg_stats["ratio_min"]))
+            self._step_stats["max:policy/ratio_max"].append(float(pg_stats["ratio_max"]))
         self._step_stats["tokens"].append(n_tok)
         self._timings["time/forward_loss"] = self._timings.get("time/forward_loss", 0.0) + time.perf_counter() - t0
         return loss
 
     def _finish_step_stats(self) -> None:
-        """Reduce this step's loss statistics over micro-batches and processes into the pending metrics."""
+        """Reduce this step's loss statistics over micro-batches, updates and processes into the pending metrics."""
         stats = self._step_stats
-        keys = sorted(k for k in stats if k != "tokens")
+        keys = sorted(k for k in stats if k.split(":", 1)[0] in ("sum", "tok"))
         local = torch.tensor([sum(stats[k]) for k in keys] + [sum(stats["tokens"])], dtype=torch.float64,
                              device=self.accelerator.device)
-        total = self.accelerator.reduce(local, reduction="sum") if self.accelerator.num_processes > 1 else local
-        tokens = float(total[-1])
         world = self.accelerator.num_processes
+        total = self.accelerator.reduce(local, reduction="sum") if world > 1 else local
+        tokens = float(total[-1])
         for i, k in enumerate(keys):
             kind, name = k.split(":", 1)
-            # sum: each process holds its share of a global mean (normalised by global count / world)
-            self._pending[name] = float(total[i]) / world if kind == "sum" else float(total[i]) / max(tokens, 1.0)
+            # sum: each process holds its share of a global mean (normalised by global count / world), per update
+            value = float(total[i]) / world / self.n_updates if kind == "sum" else float(total[i]) / max(tokens, 1.0)
+            self._pending[name] = value
+        # Every process computes the same keys, so the gathers below meet; an empty list stands for "no token".
+        extremes = torch.tensor([min(stats["min:policy/ratio_min"], default=math.inf),
+                                 max(stats["max:policy/ratio_max"], default=-math.inf)], dtype=torch.float64,
+                                device=self.accelerator.device)  # fmt: skip
+        if world > 1:
+            extremes = self.accelerator.gather(extremes).view(world, 2)
+            extremes = torch.stack([extremes[:, 0].min(), extremes[:, 1].max()])
+        if math.isfinite(float(extremes[0])):
+            self._pending["policy/ratio_min"] = float(extremes[0])
+            self._pending["policy/ratio_max"] = float(extremes[1])
         self._step_stats = defaultdict(list)
 
     # ------------------------------------------------------------------------------------------ validation
@@ -641,10 +705,14 @@ class StarPOTrainer(Trainer):
     # ------------------------------------------------------------------------------------------ logging
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs or "grad_norm" in logs:
-            step = self.state.global_step // self.cfg.ppo_epochs
+            step = self.state.global_step // self.n_updates
             metrics: dict[str, float] = {"step": float(step)}
             metrics.update(self._pending)
-            if logs.get("grad_norm") is not None:
+            # gradient norms before clipping, averaged over the updates since the last log (Trainer's is the last one)
+            for name, norms in self._grad_norms.items():
+                metrics[name] = sum(norms) / len(norms)
+            self._grad_norms = defaultdict(list)
+            if logs.get("grad_norm") is not None and "optim/grad_norm" not in metrics:
                 metrics["optim/grad_norm"] = float(logs["grad_norm"])
             if logs.get("learning_rate") is not None:
                 metrics["optim/lr"] = float(logs["learning_rate"])
@@ -705,7 +773,7 @@ class StarPOTrainer(Trainer):
         atomic_write_json(os.path.join(output_dir, MONITOR_FILE), _finite(self._echo_monitor().state_dict()),
                           indent=None)
         write_checkpoint_marker(output_dir, {
-            "step": self.state.global_step // self.cfg.ppo_epochs,
+            "step": self.state.global_step // self.n_updates,
             "optimizer_steps": self.state.global_step,
             "env_id": self.cfg.env_id,
             "model": self.cfg.model,
@@ -893,7 +961,7 @@ class StarPOTrainer(Trainer):
         else:
             checkpoint = None
         if main:
-            resumed_step = _checkpoint_step(checkpoint, cfg.ppo_epochs) if checkpoint else 0
+            resumed_step = _checkpoint_step(checkpoint, self.n_updates) if checkpoint else 0
             dropped = truncate_metrics(out_dir / "metrics.jsonl", resumed_step)
             if dropped:
                 logger.info("metrics.jsonl: dropped %d line(s) after step %d (they are trained again)", dropped,
@@ -937,7 +1005,7 @@ class StarPOTrainer(Trainer):
             try:
                 super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
                 if cfg.val_every:
-                    final_metrics = self.validate(self.state.global_step // cfg.ppo_epochs)
+                    final_metrics = self.validate(self.state.global_step // self.n_updates)
                 with self._signals_held(stop_after=False):  # the run is complete: a signal now only waits
                     final_dir = str(out_dir / "final")
                     self._save_final(final_dir)
@@ -948,7 +1016,7 @@ class StarPOTrainer(Trainer):
             if not interrupted:
                 checkpoint = self._last_checkpoint()
             result = TrainResult(
-                global_step=self.state.global_step // cfg.ppo_epochs,
+                global_step=self.state.global_step // self.n_updates,
                 interrupted=interrupted,
                 checkpoint=checkpoint,
                 final_model=final_dir,
@@ -997,7 +1065,7 @@ class StarPOTrainer(Trainer):
 
         if self.optimizer is None or self.state.global_step == 0:  # no step finished: the weights are the initial ones
             return None
-        step = self.state.global_step // self.cfg.ppo_epochs
+        step = self.state.global_step // self.n_updates
         if step > self._last_logged_step and self._pending:  # the finished step's metrics, before they are lost
             self._emit(step, {"step": float(step), **self._pending})
         self._buffer = None
@@ -1081,7 +1149,7 @@ def _free_name(path: Path) -> Path:
     return candidate
 
 
-def _checkpoint_step(folder: str, ppo_epochs: int) -> int:
+def _checkpoint_step(folder: str, updates: int) -> int:
     """The training step a checkpoint holds (its marker's ``step``; else the optimizer step in its name)."""
     from ragen_trainer.models import CHECKPOINT_PATTERN, read_checkpoint_info
 
@@ -1089,7 +1157,7 @@ def _checkpoint_step(folder: str, ppo_epochs: int) -> int:
     if isinstance(step, int):
         return step
     match = CHECKPOINT_PATTERN.match(Path(folder).name)
-    return int(match.group(1)) // max(ppo_epochs, 1) if match else 0
+    return int(match.group(1)) // max(updates, 1) if match else 0
 
 
 def _finite(value: Any) -> Any:
@@ -1110,4 +1178,12 @@ def step_seeds(config: StarPOConfig, step: int) -> list[int]:
     return [TRAIN_SEED_STRIDE * config.seed + step * config.env_groups + g for g in range(config.env_groups)]
 
 
-__all__ = ["StarPOTrainer", "TrainResult", "build_training_arguments", "micro_batch_count", "step_seeds"]
+__all__ = [
+    "StarPOTrainer",
+    "TrainResult",
+    "build_training_arguments",
+    "micro_batch_count",
+    "mini_batch_count",
+    "step_seeds",
+    "updates_per_step",
+]

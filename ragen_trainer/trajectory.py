@@ -2,8 +2,9 @@
 
 One :class:`Trajectory` is one episode of one model on one env from one initial state (its ``seed``). ``input_ids``
 hold the whole conversation as the model saw it (system prompt, user turns, the model's replies), and ``loss_mask`` is
-1 exactly on the tokens the model generated: environment text is never trained (the paper's loss mask; TRL calls it
-``env_mask``). A :class:`RolloutBatch` holds P initial states x N rollouts each, grouped by ``group_id``.
+1 exactly on the replies' tokens: environment text is never trained (the paper's loss mask; TRL calls it
+``env_mask``). Which ids a reply has is the rollout's ``reply_tokens`` (:mod:`ragen_trainer.rollout`): by default
+the reference's cleaned reply re-tokenised, generation prefix included; or the sampled ids, verbatim. A :class:`RolloutBatch` holds P initial states x N rollouts each, grouped by ``group_id``.
 """
 
 from __future__ import annotations
@@ -22,13 +23,18 @@ class Trajectory:
     """The env seed that made the initial state."""
     env_id: str
     messages: list[dict[str, str]]
-    """The chat: system, user, assistant, user, assistant, ... (the last user message may be the final observation)."""
+    """The chat: system, user, assistant, user, assistant, ... (the last user message may be the final observation).
+    Assistant messages hold the replies as trained (cleaned under ``reply_tokens="cleaned"``; ``replies`` hold what
+    the env received)."""
     input_ids: list[int]
-    """The conversation's token ids: prompt tokens from the chat template and the model's sampled tokens, verbatim."""
+    """The conversation's token ids: prompt tokens from the chat template and each reply's trained ids (the cleaned
+    reply re-tokenised, or the sampled ids verbatim; see ``reply_tokens`` in :mod:`ragen_trainer.rollout`)."""
     loss_mask: list[int]
-    """1 on the model's own tokens (each reply, including its end-of-turn token), 0 on everything else."""
+    """1 on each reply's trained ids (the end-of-turn token included; the generation prefix too under
+    ``reply_tokens="cleaned"``), 0 on everything else."""
     turn_spans: list[tuple[int, int]]
-    """``[start, end)`` of each assistant reply in ``input_ids`` (the positions where ``loss_mask`` is 1)."""
+    """``[start, end)`` of each assistant reply in ``input_ids`` (the positions where ``loss_mask`` is 1); the reward
+    placement and turn-level advantages use each span's last token."""
     turn_rewards: list[float]
     """The env's reward for each turn (format penalties and shaping included)."""
     success: bool
@@ -37,7 +43,9 @@ class Trajectory:
     """The env's ``info`` after each turn (the info contract of ``ragen_envs``)."""
     old_logprobs: list[float] | None = None
     """Per-token log-probabilities under the sampling policy, aligned with ``input_ids`` (0.0 where the mask is 0);
-    ``None`` when the engine does not report them (the trainer then recomputes them)."""
+    ``None`` when the engine does not report them or when the trained ids are not the sampled ones
+    (``reply_tokens="cleaned"``: re-tokenised text and the generation prefix have no sampling log-probs). The trainer
+    does not read them: it scores every kept trajectory with a forward pass for its old log-probs."""
     truncated: bool = False
     """The episode hit the turn/action/context limit rather than ending by itself."""
     finish_reasons: list[str] = field(default_factory=list)

@@ -4,8 +4,10 @@ Multi-turn rollouts ask a model for many replies that share most of their contex
 every prompt from scratch. This engine does no work twice:
 
 * **KV cache across turns.** When a reply ends, the episode's keys and values stay *parked* under its request key;
-  the episode's next prompt (the same tokens plus the env's delta) encodes only the delta. A prompt that does not
-  extend what is parked (another episode, a rewritten history) is encoded in full; correctness never depends on a hit.
+  the episode's next prompt (the same tokens plus the env's delta) encodes only the delta. A prompt that departs
+  from what is parked (a reply re-tokenised after cleaning, a rewritten history) reuses the keys up to the first
+  token where they differ and encodes the rest (keys depend only on earlier tokens); correctness never depends on a
+  hit.
 * **Shared group prompts.** Requests admitted together with the same prompt (the N rollouts of a GRPO group start
   from one state) are encoded once; each row gets a copy of the cache and samples its own reply.
 * **Stop strings and stop tokens** end a row as soon as they appear (``SamplingParams.stop``, e.g. ``"</answer>"``).
@@ -246,14 +248,17 @@ class HFSession(GenerationSession):
         free = self.engine.batch_size - len(self._rows)
         admitted, self._waiting = self._waiting[:free], self._waiting[free:]
         # One prefill job per distinct prompt: requests with the same prompt and nothing parked share one encoding
-        # (a group's first turn); a request whose parked cache its prompt extends encodes only the rest.
+        # (a group's first turn); a request whose prompt starts like its parked cache encodes only the rest.
         jobs: list[_PrefillJob] = []
         shared: dict[tuple[int, ...], _PrefillJob] = {}
         for request in admitted:
             prompt = list(request.prompt or [])
             parked = self._parked.pop(request.key, None)
-            if parked is not None and _extends(prompt, parked.tokens):
-                jobs.append(_PrefillJob(prompt, [request], parked))
+            common = _common_prefix(prompt, parked.tokens) if parked is not None else 0
+            if parked is not None and common > 0:
+                # Keys of the first `common` tokens do not depend on what followed them: reuse those, drop the rest
+                # (_PrefillBlock.place copies only the first len(tokens) columns of the layers).
+                jobs.append(_PrefillJob(prompt, [request], _Parked(parked.tokens[:common], parked.layers)))
             elif tuple(prompt) in shared:
                 shared[tuple(prompt)].requests.append(request)
             else:
@@ -617,8 +622,12 @@ def _check_full_attention(model: Any) -> None:
         )
 
 
-def _extends(prompt: list[int], cached: list[int]) -> bool:
-    return len(cached) <= len(prompt) and prompt[: len(cached)] == cached
+def _common_prefix(prompt: list[int], cached: list[int]) -> int:
+    """How many leading tokens ``prompt`` and ``cached`` share."""
+    n = min(len(prompt), len(cached))
+    if prompt[:n] == cached[:n]:
+        return n
+    return int(np.argmin(np.asarray(prompt[:n]) == np.asarray(cached[:n])))
 
 
 def _generator(seed: int | None, device: Any) -> Any:

@@ -317,8 +317,9 @@ class ModelAgent(Agent):
 
     It generates exactly as training rollouts do (:class:`ragen_trainer.rollout.TokenAgent`): the chat template's
     prompt, the env protocol's generation prefix (``<think>`` / ``<answer>``, the suite's ``reply_prefix`` setting),
-    then each later turn only the template's delta, with the model's own tokens kept verbatim; so a trained model is
-    evaluated the way it was trained. Chat engines (``openai``) cannot continue a partial reply: they get the messages
+    then each later turn only the template's delta; earlier replies stay in the conversation cleaned and
+    re-tokenised (``reply_tokens="cleaned"``, the reference's, as training and its validation keep them), so a
+    trained model is evaluated the way it was trained. Chat engines (``openai``) cannot continue a partial reply: they get the messages
     and no prefix (a suite that sets an explicit non-empty ``reply_prefix`` is refused with them). Decoding is the
     suite's (temperature, top_p, max_new_tokens); the sampling seed of each call is derived from the suite's seed, the
     env and the batch's first seed and turn, so the same suite, model and batch size give the same replies.

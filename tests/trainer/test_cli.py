@@ -143,6 +143,6 @@ def test_same_command_runs_under_accelerate_launch_with_two_processes(tmp_path, 
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1  # written once, by the main process
     assert rows[0]["batch/trajectories"] == 6 and rows[0]["batch/groups"] == 3  # both processes' groups
-    assert rows[0]["filter/kept_trajectories"] == 4
+    assert rows[0]["filter/kept_trajectories"] == 2  # int(0.5 x 3) = 1 group of 2
     assert (out / "checkpoint-1" / "model.safetensors").is_file()
     assert json.loads((out / "summary.json").read_text())["steps"] == 1

@@ -39,10 +39,11 @@ def test_every_field_has_help():
 
 
 def test_presets_differ_where_the_paper_says():
-    vanilla = preset("starpo")
-    assert (vanilla.filter_ratio, vanilla.kl_coef, vanilla.clip_high) == (1.0, 0.001, 0.2)
-    grpo = preset("grpo").validate()
+    vanilla = preset("starpo")  # the reference's train_all.sh: $USE_PPO $USE_BASE trains without KL
+    assert (vanilla.filter_ratio, vanilla.kl_coef, vanilla.kl_reward_coef, vanilla.clip_high) == (1.0, 0.0, 0.0, 0.2)
+    grpo = preset("grpo").validate()  # $USE_GRPO turns use_kl_loss on: KL loss 0.001 of type kl (k1)
     assert grpo.adv_estimator == "grpo" and not grpo.use_critic and grpo.filter_ratio == 1.0
+    assert (grpo.kl_coef, grpo.kl_estimator, grpo.kl_reward_coef) == (0.001, "k1", 0.0)
     assert preset("ppo").adv_estimator == "gae" and preset("ppo").use_critic
     assert preset("starpo-s-no-think").protocol_settings().enable_think is False
     assert preset("starpo-s-std-rev").filter_mode == "std_rev"

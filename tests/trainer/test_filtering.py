@@ -21,7 +21,7 @@ def test_in_group_std_is_unbiased():
     assert in_group_std([2.0]) == 0.0
 
 
-@pytest.mark.parametrize("num,ratio,expected", [(8, 0.25, 2), (10, 0.25, 3), (4, 1.0, 4), (3, 0.1, 1), (4, 0.5, 2)])
+@pytest.mark.parametrize("num,ratio,expected", [(8, 0.25, 2), (10, 0.25, 2), (4, 1.0, 4), (3, 0.1, 1), (4, 0.5, 2)])
 def test_num_kept(num, ratio, expected):
     assert num_kept(num, ratio) == expected
 

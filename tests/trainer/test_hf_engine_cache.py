@@ -58,8 +58,11 @@ def test_greedy_rollouts_are_token_identical_to_model_generate(tiny_model, tiny_
 def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(tiny_model, tiny_tokenizer):
     engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+    # The sampled ids are kept (the default re-tokenises cleaned replies: no sampling log-probs, and a reply whose
+    # re-tokenisation differs from the sample cannot reuse the parked cache).
     batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
-                             env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}})  # fmt: skip
+                             env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}},
+                             reply_tokens="sampled")  # fmt: skip
     multi_turn = [t for t in batch.trajectories if len(t.turn_spans) > 1]
     assert multi_turn, "the tiny model's replies should not end every episode in one turn"
     # Turns after the first re-encoded only the env's delta: most of every later prompt came from the parked cache.
@@ -79,6 +82,33 @@ def test_parked_cache_budget_and_eviction_do_not_change_results(tiny_model, tiny
     uncached = HFEngine(tiny_model, tiny_tokenizer, max_parked_tokens=0)
     plain = collect_rollouts(uncached, tiny_tokenizer, "ragen/FrozenLake-v0", [4], 3, **kwargs)
     assert _signature(plain) == _signature(cached)
+
+
+def test_a_prompt_that_departs_from_the_parked_cache_reuses_the_common_prefix(tiny_model, tiny_tokenizer):
+    # A cleaned, re-tokenised reply (reply_tokens="cleaned") makes the next prompt differ from the parked cache
+    # inside the last reply: the keys before the first differing token are still right and are reused.
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
+    prompt = _prompt(tiny_tokenizer, "Arms: Dragon, Phoenix. Choose one.")
+    with engine.session(GREEDY) as session:
+        session.submit(GenerationRequest(key="ep", prompt=prompt))
+        first = []
+        while session.busy:
+            first += session.step()
+        (_, reply), = first
+        rewritten = prompt + [t for t in tiny_tokenizer("<answer>Dragon</answer>", add_special_tokens=False)["input_ids"]]
+        rewritten += _prompt(tiny_tokenizer, "Reward: 1")[1:]
+        before = dict(engine.stats)
+        session.submit(GenerationRequest(key="ep", prompt=rewritten))
+        second = []
+        while session.busy:
+            second += session.step()
+    common = next(i for i, (a, b) in enumerate(zip(rewritten, prompt + reply.token_ids)) if a != b)
+    assert engine.stats["reused_tokens"] - before["reused_tokens"] == common >= len(prompt)
+    assert engine.stats["prefill_tokens"] - before["prefill_tokens"] == len(rewritten) - common
+    fresh = HFEngine(tiny_model, tiny_tokenizer).generate([rewritten], GREEDY)[0]
+    (_, again), = second
+    assert again.token_ids == fresh.token_ids
+    assert again.logprobs == pytest.approx(fresh.logprobs, abs=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------ sharing, batching

@@ -68,6 +68,7 @@ def test_rollout_masks_exactly_the_model_tokens(tiny_model, tiny_tokenizer):
         2,
         max_turns=3,
         sampling=SamplingParams(max_new_tokens=16, seed=0),
+        reply_tokens="sampled",  # the sampled ids verbatim (the default re-tokenises the cleaned reply)
     )
     assert len(batch) == 4
     assert set(batch.timings) >= {"generation", "environment", "tokenization", "total"}
@@ -210,9 +211,10 @@ def test_context_limit_cuts_the_reply_and_truncates(tiny_tokenizer, scripted_eng
 
 def test_reply_cut_by_max_new_tokens_gets_the_end_marker_as_env_text(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, [BAD])
-    traj = rollouts_no_prefix(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_turns=2, sampling=SamplingParams(max_new_tokens=4)
-    ).trajectories[0]
+    traj = rollouts_no_prefix(  # "sampled": the default trains the template's end-of-turn token after every reply
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, max_turns=2, sampling=SamplingParams(max_new_tokens=4),
+        reply_tokens="sampled",
+    ).trajectories[0]  # fmt: skip
     assert traj.finish_reasons == ["length", "length"]
     end = traj.turn_spans[0][1]
     assert tiny_tokenizer.eos_token_id not in traj.input_ids[traj.turn_spans[0][0] : end]
@@ -239,8 +241,8 @@ def test_other_chat_templates(tiny_tokenizer, scripted_engine, template):
     chat = ChatTokens(tokenizer)
     assert chat.fold_system == (template is NO_SYSTEM)
     engine = scripted_engine(tokenizer, [BAD, WIN])
-    traj = rollouts_no_prefix(
-        engine, tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64)
+    traj = rollouts_no_prefix(  # the model's own stop token kept: the sampled ids (the default cleans them)
+        engine, tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(max_new_tokens=64), reply_tokens="sampled"
     ).trajectories[0]
     assert traj.success and traj.num_turns == 2
     assert traj.loss_mask == _spans_mask(traj)
@@ -351,21 +353,25 @@ def test_smollm2_short_rollout_on_bandit():
         assert all(r.strip() for r in traj.replies)
 
 
-def test_rollouts_of_a_group_share_the_initial_state_but_draw_their_own_payouts(tiny_tokenizer, scripted_engine):
-    # Bandit pays the high-risk arm 1.0 with probability 0.25: if the N rollouts of a group shared the env's
-    # random stream they would all see the same payout, and the group's reward spread would be meaningless.
+def test_rollouts_of_a_group_share_the_initial_state_and_by_default_the_payouts(tiny_tokenizer, scripted_engine):
+    # Bandit pays the high-risk arm 1.0 with probability 0.25. The reference resets the N rollouts of a group with
+    # one seed, so they share the env's random stream: the same arm pays the same (group_randomness="shared").
+    # With "independent" each rollout draws its own payout.
     engine = scripted_engine(tiny_tokenizer, [WIN])
-    batch = rollouts_no_prefix(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=SamplingParams(max_new_tokens=64)
-    )
-    for trajectories in batch.groups().values():
+    sampling = SamplingParams(max_new_tokens=64)
+    shared = rollouts_no_prefix(engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=sampling)
+    for trajectories in shared.groups().values():
         assert len({t.messages[1]["content"] for t in trajectories}) == 1  # one initial state per group
+        assert len({t.reward for t in trajectories}) == 1  # one payout per group
+    independent = rollouts_no_prefix(engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=sampling,
+                                     group_randomness="independent")  # fmt: skip
+    for trajectories in independent.groups().values():
+        assert len({t.messages[1]["content"] for t in trajectories}) == 1
         payouts = [t.reward for t in trajectories]
         assert 0 < sum(p == 1.0 for p in payouts) < len(payouts)
-    again = rollouts_no_prefix(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=SamplingParams(max_new_tokens=64)
-    )
-    assert [t.reward for t in again.trajectories] == [t.reward for t in batch.trajectories]  # reproducible
+    again = rollouts_no_prefix(engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1, 2, 3], 16, sampling=sampling,
+                               group_randomness="independent")  # fmt: skip
+    assert [t.reward for t in again.trajectories] == [t.reward for t in independent.trajectories]  # reproducible
 
 
 # ---------------------------------------------------------------------------------------------- reply prefix
@@ -402,9 +408,10 @@ def _check_prefixed_rollout(tokenizer, engine, batch, prefix, expected_replies):
 
 def test_reply_prefix_auto_with_thinking_continues_inside_think(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, _by_turn(THINK_CONT))
-    batch = collect(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(max_new_tokens=64), max_turns=5
-    )
+    batch = collect(  # "sampled": prefix masked (the default trains it: tests/trainer/test_reply_tokens.py)
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(max_new_tokens=64), max_turns=5,
+        reply_tokens="sampled",
+    )  # fmt: skip
     _check_prefixed_rollout(tiny_tokenizer, engine, batch, "<think>", [BAD, WIN])
 
 
@@ -419,6 +426,7 @@ def test_reply_prefix_auto_without_thinking_continues_inside_answer(tiny_tokeniz
         env_kwargs={"enable_think": False},
         sampling=SamplingParams(max_new_tokens=64),
         max_turns=5,
+        reply_tokens="sampled",
     )
     _check_prefixed_rollout(
         tiny_tokenizer, engine, batch, "<answer>", ["<answer>Unicorn</answer>", "<answer>Dragon</answer>"]
@@ -436,6 +444,7 @@ def test_reply_prefix_custom_text_and_empty_disables(tiny_tokenizer, scripted_en
         reply_prefix="<think>ok</think><answer>",
         sampling=SamplingParams(max_new_tokens=64),
         max_turns=5,
+        reply_tokens="sampled",
     )
     full = ["<think>ok</think><answer>Unicorn</answer>", "<think>ok</think><answer>Dragon</answer>"]
     _check_prefixed_rollout(tiny_tokenizer, engine, batch, "<think>ok</think><answer>", full)

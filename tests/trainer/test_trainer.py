@@ -105,9 +105,9 @@ def test_full_run_frozenlake_grpo_multi_turn_with_kl(tmp_path, tiny_tokenizer):
     assert not (tmp_path / "run" / "checkpoint-2" / CRITIC_FILE).exists()
 
 
-def test_vanilla_starpo_subtracts_the_kl_from_the_rewards_and_starpo_s_does_not(tmp_path, tiny_tokenizer):
-    # The reference code's vanilla KL sits in the loss AND in the reward; StarPO-S drops both.
-    assert load_config("starpo").kl_reward_coef == 0.001 and load_config("starpo-s").kl_reward_coef == 0.0
+def test_in_reward_kl_is_subtracted_from_the_rewards_when_asked(tmp_path, tiny_tokenizer):
+    # The reference's in-reward KL (kl_ctrl with use_kl_in_reward) is off in all its configs, vanilla included.
+    assert load_config("starpo").kl_reward_coef == 0.0 and load_config("starpo-s").kl_reward_coef == 0.0
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, "starpo", kl_reward_coef=0.5, max_turns=2)
@@ -128,7 +128,9 @@ def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2)
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
-    micro = trainer._rollout_step()
+    minis = trainer._rollout_step()
+    assert len(minis) == trainer.n_mini == 1  # 4 kept trajectories, mini-batches of 32
+    micro = minis[0]
     assert len(micro) == trainer.n_micro == 2
     eos = tiny_tokenizer.eos_token_id
     for mb in micro:
@@ -246,7 +248,7 @@ def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny
 def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, lambda text, call, row: ["Dragon", "Phoenix", "x"][row % 3])
-    cfg = small_config(tmp_path, "starpo-s-value-model", total_steps=2, ppo_epochs=2, save_steps=0,
+    cfg = small_config(tmp_path, "starpo-s", total_steps=2, ppo_epochs=2, save_steps=0,
                        filter_ratio=1.0, group_size=3)
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
     critic = get_critic(model)
