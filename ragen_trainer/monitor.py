@@ -27,7 +27,7 @@ from typing import Any
 from ragen_envs.core import check_arg
 from ragen_trainer.fileio import append_line, atomic_write_text
 from ragen_trainer.filtering import in_group_std
-from ragen_trainer.trajectory import RolloutBatch
+from ragen_trainer.trajectory import RolloutBatch, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,13 @@ KEY_FORMAT_ERROR_RATE = "actions/format_error_rate"
 #: Kept-group statistics of StarPO-S filtering (logged by the trainer under these names).
 KEY_KEPT_GROUPS = "filter/kept_groups"
 KEY_KEPT_RATIO = "filter/kept_ratio"
+#: ``reward/part/<name>``: each reward part summed per trajectory (:func:`reward_part_metrics`).
+KEY_REWARD_PART_PREFIX = "reward/part/"
+#: The grounding wrapper's claims per turn, under its default part name (:func:`claim_metrics`).
+KEY_SUPPORTED_CLAIMS = "grounding/supported_claims"
+KEY_CONTRADICTED_CLAIMS = "grounding/contradicted_claims"
+#: The ``reward_details`` keys that mark a wrapper's details as claim counts.
+_CLAIM_KEYS = frozenset({"supported", "contradicted"})
 
 
 # ------------------------------------------------------------------------------------------------ rollout metrics
@@ -65,6 +72,48 @@ def _distinct_n(sequences: list[list[str]], n: int) -> float:
     return len(unique) / total if total else 0.0
 
 
+def reward_part_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """``reward/part/<name>``: the mean over trajectories of each reward part summed over the trajectory's turns.
+
+    Parts are the env's split of each turn's reward (``env``, ``format_penalty``, and one per reward wrapper such as
+    ``grounding``); they add up to ``reward/mean``. A trajectory without a part (no turn reported it) counts as 0, so
+    every part is averaged over the same trajectories.
+    """
+    if not trajs:
+        return {}
+    totals: dict[str, float] = {}
+    for traj in trajs:
+        for parts in traj.reward_parts:
+            for name, value in parts.items():
+                totals[name] = totals.get(name, 0.0) + float(value)
+    return {f"{KEY_REWARD_PART_PREFIX}{name}": total / len(trajs) for name, total in sorted(totals.items())}
+
+
+def claim_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """``<name>/supported_claims`` and ``<name>/contradicted_claims``: claims about the state per turn, for each reward
+    wrapper whose ``reward_details`` count them (:class:`~ragen_envs.rewards.ReasoningGroundingReward`, part name
+    ``grounding`` by default).
+
+    Averaged over the turns the wrapper judged, a turn without thinking counting 0 claims, so the curve falls when
+    thinking shrinks as well as when it stops making checkable claims. With ``weight: 0`` the wrapper only measures.
+    """
+    counts: dict[str, list[int]] = {}  # name -> [supported, contradicted, turns]
+    for traj in trajs:
+        for details in traj.reward_details:
+            for name, detail in details.items():
+                if not (isinstance(detail, dict) and _CLAIM_KEYS <= detail.keys()):
+                    continue  # another wrapper's details, or a step after the episode ended ("skipped")
+                count = counts.setdefault(name, [0, 0, 0])
+                count[0] += int(detail["supported"])
+                count[1] += int(detail["contradicted"])
+                count[2] += 1
+    out: dict[str, float] = {}
+    for name, (supported, contradicted, turns) in sorted(counts.items()):
+        out[f"{name}/supported_claims"] = supported / turns
+        out[f"{name}/contradicted_claims"] = contradicted / turns
+    return out
+
+
 def rollout_metrics(batch: RolloutBatch, tokenizer: Any = None) -> dict[str, float]:
     """Per-step statistics of one rollout batch.
 
@@ -75,7 +124,9 @@ def rollout_metrics(batch: RolloutBatch, tokenizer: Any = None) -> dict[str, flo
     by the token limit), ``response/thinking_length`` (``<think>`` tokens per turn, words without a tokenizer),
     ``diversity/distinct_1`` / ``distinct_2`` (unique word n-grams / all, over every reply),
     ``diversity/unique_reply_share`` (distinct replies / replies), ``actions/invalid_rate`` (well-formed turns naming an
-    invalid action / turns), ``actions/format_error_rate`` (malformed turns / turns), ``actions/effective_rate``.
+    invalid action / turns), ``actions/format_error_rate`` (malformed turns / turns), ``actions/effective_rate``;
+    ``reward/part/<name>`` for every reward part the env reports (see :func:`reward_part_metrics`) and, for a reasoning
+    grounding wrapper, ``<name>/supported_claims`` / ``<name>/contradicted_claims`` (see :func:`claim_metrics`).
     """
     trajs = batch.trajectories
     if not trajs:
@@ -113,6 +164,8 @@ def rollout_metrics(batch: RolloutBatch, tokenizer: Any = None) -> dict[str, flo
         return float(sum(values) / len(values)) if values else 0.0
 
     return {
+        **reward_part_metrics(trajs),
+        **claim_metrics(trajs),
         KEY_REWARD_MEAN: mean(rewards),
         KEY_REWARD_STD: _std(rewards),
         "reward/min": float(min(rewards)),
@@ -614,7 +667,9 @@ __all__ = [
     "EchoTrapMonitor",
     "EchoTrapThresholds",
     "MetricsLogger",
+    "claim_metrics",
     "read_metrics",
+    "reward_part_metrics",
     "rollout_metrics",
     "truncate_metrics",
 ]

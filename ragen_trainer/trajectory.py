@@ -40,7 +40,8 @@ class Trajectory:
     success: bool
     replies: list[str]
     infos: list[dict[str, Any]]
-    """The env's ``info`` after each turn (the info contract of ``ragen_envs``)."""
+    """The env's ``info`` after each turn (the info contract of ``ragen_envs``), whole: ``reward_parts`` and the reward
+    wrappers' ``reward_details`` included (:attr:`reward_parts`, :attr:`reward_details`)."""
     old_logprobs: list[float] | None = None
     """Per-token log-probabilities under the sampling policy, aligned with ``input_ids`` (0.0 where the mask is 0);
     ``None`` when the engine does not report them or when the trained ids are not the sampled ones
@@ -58,6 +59,19 @@ class Trajectory:
     def reward(self) -> float:
         """The trajectory return R(tau): the sum of its turn rewards."""
         return float(sum(self.turn_rewards))
+
+    @property
+    def reward_parts(self) -> list[dict[str, float]]:
+        """Per turn, the env's split of that turn's reward (``info["reward_parts"]``: ``env``, ``format_penalty`` and
+        one entry per reward wrapper); each turn's parts sum to its reward. Read from :attr:`infos`, which keep every
+        turn's whole ``info``, so nothing is stored twice."""
+        return [{str(k): float(v) for k, v in (info.get("reward_parts") or {}).items()} for info in self.infos]
+
+    @property
+    def reward_details(self) -> list[dict[str, Any]]:
+        """Per turn, what each reward wrapper saw (``info["reward_details"]``, by part name), e.g. the grounding
+        wrapper's ``{"supported": 2, "contradicted": 0}``; ``{}`` on turns of an env without wrappers."""
+        return [dict(info.get("reward_details") or {}) for info in self.infos]
 
     @property
     def num_turns(self) -> int:
