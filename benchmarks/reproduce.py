@@ -50,7 +50,8 @@ Scale. The CPU defaults (SmolLM2-135M, 8 initial states x 4 rollouts, 15 steps, 
 as the quickstart's Bandit run -- with thinking on, the 135M model rarely closes its answer within a CPU-sized token
 budget, so every reply would earn the same format penalty and nothing would be learned --, learning rate 5e-5 and
 10x for the critic as in the reference's 1e-6 / 1e-5, PPO mini-batches of a quarter of the batch as the reference's
-32 of 128) keep ``echo-trap`` within about an hour on a 2-core CPU. They are fixed before any result was
+32 of 128) make ``echo-trap`` about 1.5 hours on a 2-core CPU (measured: 65 minutes for five of its six runs;
+``ppo-keep-0.75`` about 2 minutes a step). They are fixed before any result was
 seen and are the same for every run of an experiment; nothing here is tuned toward the paper's curves. The two
 FrozenLake experiments are longer (multi-turn episodes, longer replies). Estimated, not measured, from the Bandit
 runs' time per trained token and per generated token: ``reasoning`` about 1.5 to 2 hours (3 runs x 15 steps at up to
