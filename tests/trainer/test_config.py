@@ -196,3 +196,15 @@ def test_protocol_settings_layer_and_conflicts_name_both_places(tmp_path):
     assert cfg.replace(env_kwargs={"max_turns": 3}).validate()  # the same value in both places is fine
     with pytest.raises(ValueError, match="env_id"):
         StarPOConfig(env_id="ragen/Nope-v0").validate()
+
+
+def test_config_choices_match_the_modules_that_implement_them():
+    # config.py imports nothing heavy (a bad config fails before torch loads), so it lists these names itself.
+    from ragen_envs.driver import GROUP_RANDOMNESS
+    from ragen_trainer.filtering import FILTER_MODES, FILTER_ROUNDING
+    from ragen_trainer.rollout import REPLY_TOKENS
+
+    assert set(CHOICES["group_randomness"]) == set(GROUP_RANDOMNESS)
+    assert set(CHOICES["reply_tokens"]) == set(REPLY_TOKENS)
+    assert set(CHOICES["filter_round"]) == set(FILTER_ROUNDING)
+    assert set(CHOICES["filter_mode"]) == set(FILTER_MODES)
