@@ -27,7 +27,8 @@ holds beyond the named phases (optimizer step, ragen's tokenisation and metrics)
 Differences that are part of each trainer's step and are kept: ragen always runs a no-grad forward for the old
 log-probs (its "scoring"); TRL skips it when the batch is used for a single update (``num_iterations`` 1), taking the
 current log-probs as the old ones. With the protocol's ``stop_after_answer`` (replies end at ``</answer>``), TRL is
-given the same stop string (``generation_kwargs={"stop_strings": ...}``, see :func:`_bind_tokenizer_for_stop_strings`).
+given the same stop string (``generation_kwargs={"stop_strings": ...}``, see
+:func:`ragen_trainer.trl_integration.bind_tokenizer_for_stop_strings`).
 
 Each side runs ``--warmup`` untimed steps first (default: 1 on a GPU, where the first step pays CUDA's one-off
 costs; 0 on a CPU, where a step takes minutes), then ``--steps`` timed ones, from its own fresh copy of the model.
@@ -48,7 +49,6 @@ From another benchmark::
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import statistics
 import sys
@@ -151,12 +151,14 @@ def first_prompts(cfg: Any, tokenizer: Any, steps: int) -> list[dict[str, Any]]:
 
     ragen's prompt ids are ``chat_template(system, first observation, add_generation_prompt)`` + the protocol's
     generation prefix, the two tokenised separately; TRL tokenises the row's text in one piece. ``prompt_ids`` keeps
-    ragen's ids so the caller can check that both give the same tokens.
+    ragen's ids so the caller can check that both give the same tokens. The chat and its rendering are
+    :mod:`ragen_trainer.trl_integration`'s (``first_messages``, ``render_prompt``).
     """
     import gymnasium as gym
 
     import ragen_envs  # noqa: F401  (registers ragen/*)
     from ragen_trainer.trainer import step_seeds
+    from ragen_trainer.trl_integration import first_messages, render_prompt
 
     prefix = cfg.protocol_settings().generation_prefix
     env = gym.make(cfg.env_id, **cfg.env_make_kwargs())
@@ -165,14 +167,8 @@ def first_prompts(cfg: Any, tokenizer: Any, steps: int) -> list[dict[str, Any]]:
         for step in range(steps):
             for seed in step_seeds(cfg, step):
                 observation, info = env.reset(seed=seed)
-                system = str(info.get("system_prompt") or "")
-                messages = ([{"role": "system", "content": system}] if system else []) + [
-                    {"role": "user", "content": observation}
-                ]
-                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-                ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-                ids += list(tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
-                rows.append({"prompt": text + prefix, "seed": int(seed), "step": step, "prompt_ids": ids})
+                text, ids = render_prompt(first_messages(observation, info), tokenizer, prefix)
+                rows.append({"prompt": text, "seed": int(seed), "step": step, "prompt_ids": ids})
     finally:
         env.close()
     return rows
@@ -316,12 +312,6 @@ def run_ragen(cfg: Any, model: Any, tokenizer: Any, warmup: int) -> dict[str, An
 
 
 # ---------------------------------------------------------------------------------------------------------- TRL side
-def _bind_tokenizer_for_stop_strings(model: Any, tokenizer: Any) -> None:
-    """``GenerationConfig.stop_strings`` needs ``generate(..., tokenizer=...)``, and TRL's transformers path calls
-    ``model.generate(**inputs, generation_config=...)`` without one: bind it on this model instance."""
-    model.generate = functools.partial(type(model).generate, model, tokenizer=tokenizer)
-
-
 def _timed_grpo_trainer_class() -> type:
     """``trl.GRPOTrainer`` with wall clocks around its phases (see the module docstring); nothing else changes."""
     from trl import GRPOTrainer
@@ -390,7 +380,9 @@ def run_trl(cfg: Any, model: Any, tokenizer: Any, warmup: int, output_dir: str) 
     stops = stop_strings(cfg)
     generation_kwargs: dict[str, Any] = {"stop_strings": list(stops)} if stops else {}
     if stops:
-        _bind_tokenizer_for_stop_strings(model, tokenizer)
+        from ragen_trainer.trl_integration import bind_tokenizer_for_stop_strings
+
+        bind_tokenizer_for_stop_strings(model, tokenizer)
     args = GRPOConfig(
         output_dir=output_dir,
         max_steps=cfg.total_steps,

@@ -34,6 +34,7 @@ from ragen_trainer.config import (
     StarPOConfig,
     apply_overrides,
     check_output_folder,
+    field_kinds,
     load_config,
     parse_overrides,
 )
@@ -74,10 +75,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="the output folder holds a run: delete that run's checkpoints, metrics and summary and "
                              "start over (the same as --resume false)")
     group = parser.add_argument_group("config fields (every StarPOConfig field; see docs/training.md)")
-    hints = get_type_hints(StarPOConfig)
+    kinds = field_kinds()
     kind_name = {bool: "true/false", int: "int", float: "float", str: "text", list: "list", dict: "YAML mapping"}
     for f in fields(StarPOConfig):
-        kind = hints[f.name]
+        kind = kinds[f.name]
         extra = f"; one of {list(CHOICES[f.name])}" if f.name in CHOICES else ""
         names = [f"--{f.name}"]
         if "_" in f.name:
@@ -90,7 +91,10 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                                     "a run whose config matches, refuse a changed one. --resume false: start over, "
                                     "like --overwrite.")
             continue
+        # A list field takes its items as separate words, as HfArgumentParser does (--report_to jsonl tensorboard);
+        # one word is still read as YAML or comma-separated text (--report_to jsonl,tensorboard).
         group.add_argument(*names, dest=f"field__{f.name}", default=None, metavar=kind_name.get(kind, "VALUE"),
+                           nargs="+" if kind is list else None,
                            help=f"{f.metadata.get('help', '')} (default: {_default_text(f)}{extra})")
     protocol = parser.add_argument_group(
         "turn-protocol settings (fields of the config's `protocol`; default: the env id's reference values)")
@@ -112,6 +116,8 @@ def resolve_config(args: argparse.Namespace) -> StarPOConfig:
         changes["env_id"] = args.env_shortcut
     for key, value in vars(args).items():
         if key.startswith("field__") and value is not None:
+            if isinstance(value, list) and len(value) == 1:  # one word of a list field: parsed as text
+                value = value[0]
             changes[key[len("field__"):]] = "true" if value == _FORCE_RESUME else value
     changes.update(parse_overrides(args.set_pairs))
     return apply_overrides(cfg, changes).validate()

@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import importlib.util
 import math
 import re
+import types
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 #: Allowed values of the fields that take one of a few names.
 CHOICES: dict[str, tuple[Any, ...]] = {
@@ -53,6 +56,9 @@ CHOICES: dict[str, tuple[Any, ...]] = {
 
 #: Names accepted for ``report_to``; ``console`` and ``jsonl`` are ragen's own, the others go to TRL/transformers.
 REPORTERS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
+
+#: ``report_to`` backends that need a package, checked by :meth:`StarPOConfig.validate`: name -> import name.
+REPORTER_PACKAGES: dict[str, str] = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 #: The largest ``seed`` (numpy's global seed, which ``transformers.set_seed`` sets, must be below 2**32).
 MAX_SEED = 2**32 - 1
@@ -82,7 +88,10 @@ class StarPOConfig:
 
     # ------------------------------------------------------------------ experiment
     env_id: str = _f("ragen/Bandit-v0", "gymnasium id of the text env (any registered ragen/<Name>-v0).")
-    env_kwargs: dict = _f({}, "Extra keyword arguments for gymnasium.make (env and protocol kwargs, e.g. {size: 6}).")
+    env_kwargs: dict[str, Any] | str | None = _f(
+        {}, "Extra keyword arguments for gymnasium.make (env and protocol kwargs, e.g. {size: 6}; on a command line "
+        "as YAML or JSON text)."
+    )
     model: str = _f(
         "smollm2",
         "Model to train: 'smollm2' (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face folder, or a hub "
@@ -95,11 +104,12 @@ class StarPOConfig:
     # ------------------------------------------------------------------ rollout
     env_groups: int = _f(8, "P: initial states (env seeds) per training step.")
     group_size: int = _f(16, "N: rollouts per initial state (the group GRPO normalises over and StarPO-S ranks).")
-    protocol: dict = _f(
+    protocol: dict[str, Any] | str | None = _f(
         {},
         "Turn-protocol settings (ragen_envs.ProtocolSettings fields: max_turns, actions_per_turn, "
         "max_actions_per_episode, action_sep, enable_think, format_penalty, length_hint, prompt_layout, reply_prefix, "
-        "...) over the env id's reference values. Each field is also a flag (--max_turns 3) and a top-level YAML key.",
+        "...) over the env id's reference values. Each field is also a flag (--max_turns 3) and a top-level YAML key; "
+        "on a command line the whole mapping is YAML or JSON text.",
     )
     max_new_tokens: int = _f(400, "Most tokens the model may write per turn (the reference's response length).")
     max_context_tokens: int = _f(3600, "Most tokens of a whole conversation; the episode is truncated beyond it.")
@@ -209,7 +219,11 @@ class StarPOConfig:
     val_groups: int = _f(256, "Initial states of each validation (one rollout each).")
     val_temperature: float = _f(0.5, "Sampling temperature of validation.")
     logging_steps: int = _f(1, "Log metrics every this many steps.")
-    report_to: list = _f(["console", "jsonl"], f"Where metrics go, any of {list(REPORTERS)}.")
+    report_to: list[str] = _f(
+        ["console", "jsonl", "tensorboard"],
+        f"Where metrics go, any of {list(REPORTERS)} (tensorboard: output_dir/tensorboard; wandb: needs the wandb "
+        "package, and WANDB_API_KEY or `wandb login`, or WANDB_MODE=offline).",
+    )
     save_steps: int = _f(50, "Save a Hugging Face checkpoint every this many steps (0 = only the final one).")
     save_total_limit: int = _f(0, "Keep at most this many checkpoints (0 = keep all).")
     resume: bool = _f(
@@ -219,6 +233,19 @@ class StarPOConfig:
         "--overwrite). `ragen-trainer train --resume` alone continues even with a changed config.",
     )
     deepspeed: str = _f("", "Path to a DeepSpeed config JSON (ZeRO); empty = none. Use with `accelerate launch`.")
+
+    def __post_init__(self) -> None:
+        # The mapping fields arrive as text from HfArgumentParser / TrlParser (typed ``dict | str | None`` as
+        # transformers' TrainingArguments types ``fsdp_config``), and the list field may too: parse it here, so a
+        # StarPOConfig always holds a dict and a list whichever way it was made.
+        for name in _MAPPING_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                setattr(self, name, {})
+            elif isinstance(value, str):
+                setattr(self, name, parse_value(name, value, dict))
+        if isinstance(self.report_to, str):
+            self.report_to = parse_value("report_to", self.report_to, list)
 
     # ------------------------------------------------------------------ helpers
     def lora_settings(self) -> dict[str, Any] | None:
@@ -231,12 +258,10 @@ class StarPOConfig:
 
     def validate(self) -> StarPOConfig:
         """Check every field; raise ``ValueError`` naming the first bad field and what is allowed. Returns self."""
-        hints = get_type_hints(type(self))
+        kinds = field_kinds()
         for f in fields(self):
             value = getattr(self, f.name)
-            expected = hints[f.name]
-            ok = _type_ok(value, expected)
-            _check(ok, f.name, value, f"a {_type_name(expected)}")
+            _check(_type_ok(value, kinds[f.name]), f.name, value, f"a {_type_name(kinds[f.name])}")
         for name, allowed in CHOICES.items():
             _check(getattr(self, name) in allowed, name, getattr(self, name), f"one of {list(allowed)}")
         for name in ("total_steps", "env_groups", "group_size", "max_new_tokens", "max_context_tokens",
@@ -278,6 +303,11 @@ class StarPOConfig:
         _check(self.output_dir.strip() != "", "output_dir", self.output_dir, "a folder path")
         bad = [r for r in self.report_to if r not in REPORTERS]
         _check(not bad, "report_to", self.report_to, f"a list of names from {list(REPORTERS)}")
+        for name in self.report_to:  # a missing backend fails now, not at the first logged step
+            package = REPORTER_PACKAGES.get(name)
+            _check(package is None or importlib.util.find_spec(package) is not None, "report_to", self.report_to,
+                   f"backends that are installed: {name!r} needs the {package} package (pip install {package}), "
+                   f"or leave {name!r} out")
         if self.adv_estimator in ("gae", "bilevel_gae"):
             _check(self.critic != "none", "critic", self.critic,
                    f"'value_head' or 'value_model' when adv_estimator={self.adv_estimator!r} (GAE needs a critic)")
@@ -424,7 +454,7 @@ def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
     """A copy of ``cfg`` with ``changes``; text values are parsed by the field's type. Unknown names raise."""
     from ragen_envs.settings import FIELD_NAMES, ProtocolSettings
 
-    hints = get_type_hints(StarPOConfig)
+    kinds = field_kinds()
     protocol_hints = get_type_hints(ProtocolSettings)
     names = field_names()
     out = dataclasses.replace(cfg, protocol=dict(cfg.protocol), env_kwargs=dict(cfg.env_kwargs))
@@ -445,14 +475,13 @@ def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
             close = difflib.get_close_matches(key, names + list(FIELD_NAMES), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ValueError(f"unknown config field {key!r}{hint} (see `ragen-trainer train --help`)")
-        if isinstance(value, str) and hints[key] is not str:
-            value = parse_value(key, value, hints[key])
-        if hints[key] is float and isinstance(value, int) and not isinstance(value, bool):
+        kind = kinds[key]
+        if isinstance(value, str) and kind is not str:
+            value = parse_value(key, value, kind)
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if hints[key] is list and isinstance(value, str):
-            value = [value]
-        if hints[key] in (list, dict) and not isinstance(value, hints[key]):  # e.g. `env_kwargs: 3` in a YAML file
-            raise ValueError(f"invalid config field {key}={value!r}: expected a {_type_name(hints[key])}")
+        if kind in (list, dict) and not isinstance(value, kind):  # e.g. `env_kwargs: 3` in a YAML file
+            raise ValueError(f"invalid config field {key}={value!r}: expected a {_type_name(kind)}")
         setattr(out, key, value)
     return out
 
@@ -494,6 +523,25 @@ def parse_value(name: str, text: str, kind: Any) -> Any:
     except Exception:  # ValueError, TypeError and yaml's errors: all mean the text does not fit the type
         raise ValueError(f"invalid config field {name}={text!r}: expected a {_type_name(kind)}") from None
     return text
+
+
+@functools.cache
+def field_kinds() -> dict[str, type]:
+    """Field name -> the plain type its values have once parsed: ``bool``, ``int``, ``float``, ``str``, ``list`` or
+    ``dict`` (``dict[str, Any] | str | None`` -> ``dict``, ``list[str]`` -> ``list``)."""
+    out: dict[str, type] = {}
+    for name, hint in get_type_hints(StarPOConfig).items():
+        origin = get_origin(hint)
+        if origin in (Union, types.UnionType):
+            options = [get_origin(a) or a for a in get_args(hint)]
+            out[name] = dict if dict in options else list if list in options else str
+        else:
+            out[name] = origin or hint
+    return out
+
+
+#: Fields whose values are mappings (given as YAML or JSON text on a command line).
+_MAPPING_FIELDS = ("env_kwargs", "protocol")
 
 
 # ---------------------------------------------------------------------------------------------------------- internals

@@ -13,6 +13,13 @@ A *ragen checkpoint* is a folder the trainer saved: Hugging Face format (``from_
 :func:`checkpoint_problems` says, without loading a tensor, whether one is whole (every file there, JSON readable,
 safetensors complete). :func:`check_model_source` checks a model name or folder without loading it. A folder
 holding a ``peft`` adapter (``adapter_config.json``) loads its base model and the adapter on top.
+
+Generation prefix in saved chat templates. The trainer saves its folders for use *outside* ragen too
+(:mod:`ragen_trainer.model_card`): their chat template pre-writes the protocol's generation prefix (``<answer>`` /
+``<think>``) after the generation prompt, marked by :data:`PREFIX_TEMPLATE_MARK` (:func:`add_prefix_to_template`).
+ragen's own rollouts append that prefix themselves (:class:`ragen_trainer.rollout.TokenAgent`), so every loader here
+(:func:`prepare_tokenizer`) takes the marked suffix off again (:func:`split_prefixed_template`): a checkpoint of either
+style gives the same prompt ids, and the prefix is never written twice.
 """
 
 from __future__ import annotations
@@ -44,6 +51,14 @@ DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CHECKPOINT_MARKER = "ragen_checkpoint.json"
 #: Marks a finished conversion in the cache folder (written last, so a half-written folder is never used).
 _CONVERTED_MARKER = "ragen_converted.json"
+
+#: Opens the suffix :func:`add_prefix_to_template` appends to a chat template (a Jinja comment: it renders nothing).
+PREFIX_TEMPLATE_MARK = "{# ragen: generation prefix #}"
+_PREFIXED_TEMPLATE = re.compile(
+    re.escape(PREFIX_TEMPLATE_MARK + "{% if add_generation_prompt %}{{ ") + r'("(?:[^"\\]|\\.)*")'
+    + re.escape(" }}{% endif %}") + r"\Z",
+    re.DOTALL,
+)
 
 # End-of-turn tokens of common chat templates: generation stops at any of them that the tokenizer knows.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>")
@@ -218,8 +233,74 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     return ids
 
 
+def add_prefix_to_template(template: str, prefix: str) -> str:
+    """``template`` whose generation prompt (``add_generation_prompt=True``) ends with ``prefix``; everything else
+    renders exactly as before (conversations, ``continue_final_message``).
+
+    The prefix is appended after the whole template, where every chat template writes its generation prompt, behind
+    :data:`PREFIX_TEMPLATE_MARK`, so :func:`split_prefixed_template` finds it again and only it. A template that already
+    carries a prefix gets the new one instead. ``prefix=""`` gives the template unchanged (without a mark).
+    """
+    if not isinstance(template, str):
+        raise TypeError(f"invalid argument template={type(template).__name__}: expected the chat template text (str)")
+    if not isinstance(prefix, str):
+        raise TypeError(f"invalid argument prefix={prefix!r}: expected a str")
+    plain, _ = split_prefixed_template(template)
+    if not prefix:
+        return plain
+    # json.dumps writes a double-quoted literal with \n, \" and \uXXXX escapes, which Jinja reads back the same.
+    literal = json.dumps(prefix, ensure_ascii=True)
+    return f"{plain}{PREFIX_TEMPLATE_MARK}{{% if add_generation_prompt %}}{{{{ {literal} }}}}{{% endif %}}"
+
+
+def split_prefixed_template(template: str) -> tuple[str, str | None]:
+    """``(template without ragen's prefix suffix, the prefix)``; ``(template, None)`` when it has none (an old
+    checkpoint, or any other model)."""
+    match = _PREFIXED_TEMPLATE.search(template) if isinstance(template, str) else None
+    if match is None:
+        return template, None
+    return template[: match.start()], json.loads(match.group(1))
+
+
+def template_prefix(source: Any) -> str | None:
+    """The generation prefix a chat template pre-writes (see :func:`add_prefix_to_template`), or ``None``.
+
+    ``source``: a template string or a tokenizer. A tokenizer that went through :func:`prepare_tokenizer` has the
+    prefix taken off its template and keeps it in ``ragen_template_prefix``.
+    """
+    if isinstance(source, str):
+        return split_prefixed_template(source)[1]
+    kept = getattr(source, "ragen_template_prefix", None)
+    if isinstance(kept, str):
+        return kept
+    template = getattr(source, "chat_template", None)
+    return split_prefixed_template(template)[1] if isinstance(template, str) else None
+
+
+def saved_template_prefix(folder: str | os.PathLike[str]) -> str | None:
+    """The generation prefix the chat template saved in ``folder`` pre-writes (its ``chat_template.jinja``, else the
+    ``chat_template`` of its ``tokenizer_config.json``), read without loading anything; ``None`` when there is none
+    (an old checkpoint, a model that is not ragen's, or no folder)."""
+    path = Path(folder)
+    if not path.is_dir():
+        return None
+    if (path / "chat_template.jinja").is_file():
+        return template_prefix((path / "chat_template.jinja").read_text(encoding="utf-8"))
+    config, _ = _json_object(path / "tokenizer_config.json")
+    template = (config or {}).get("chat_template")
+    return template_prefix(template) if isinstance(template, str) else None
+
+
 def prepare_tokenizer(tokenizer: Any) -> Any:
-    """Give the tokenizer a pad token (its eos) when it has none; warn when it has no chat template."""
+    """Give the tokenizer a pad token (its eos) when it has none; warn when it has no chat template; take the
+    generation prefix a ragen checkpoint's template pre-writes off it (ragen's rollouts add the protocol's prefix
+    themselves: see the module docstring), keeping it in ``tokenizer.ragen_template_prefix``."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str):
+        plain, prefix = split_prefixed_template(template)
+        if prefix is not None:
+            tokenizer.chat_template = plain
+            tokenizer.ragen_template_prefix = prefix
     if getattr(tokenizer, "pad_token_id", None) is None:
         if getattr(tokenizer, "eos_token", None) is None:
             raise ModelLoadError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token first")
@@ -261,6 +342,10 @@ def convert_default_model(force: bool = False) -> Path:
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the de-quantized weights are plain floats
     config.name_or_path = DEFAULT_MODEL
+    if getattr(config, "_model_name_or_path", None) is not None:
+        # The GGUF's own 'general.name' ("Smollm2 135M 8k Lc100K Mix1 Ep2"), which would end up in every saved
+        # config.json: the model's Hub id instead.
+        config._model_name_or_path = DEFAULT_MODEL
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = fresh.load_state_dict(gguf_model.state_dict(), strict=False)
     # Tied output heads are the only acceptable gap.
@@ -689,6 +774,32 @@ def check_model_source(model: str | None) -> str:
     return "a hub id (to download)"
 
 
+def base_model_name(model: str | None, *, _depth: int = 0) -> str:
+    """The name the model a run started from has on the Hugging Face Hub, for model cards and saved configs.
+
+    The bundled default (``None``, ``'smollm2'``, ...) is :data:`DEFAULT_MODEL` (not the name inside its GGUF file);
+    a ragen checkpoint folder gives the base model it was trained from (its marker's ``base_model``, else its
+    ``model``), an adapter folder its ``base_model_name_or_path``; a hub id, or any other folder, is returned as given.
+    """
+    if is_default_model(model):
+        return DEFAULT_MODEL
+    text = str(model)
+    path = Path(text).expanduser()
+    if _depth < 8 and path.is_dir():
+        info = read_checkpoint_info(path)
+        for key in ("base_model", "model"):
+            if isinstance(info.get(key), str) and info[key].strip() and Path(info[key]).expanduser() != path:
+                return base_model_name(info[key], _depth=_depth + 1)
+        adapter, _ = _json_object(path / "adapter_config.json")
+        base = (adapter or {}).get("base_model_name_or_path")
+        if isinstance(base, str) and base.strip():
+            return base_model_name(base, _depth=_depth + 1)
+        converted, _ = _json_object(path / _CONVERTED_MARKER)  # the bundled model's conversion, named by its path
+        if isinstance((converted or {}).get("model"), str):
+            return str(converted["model"])
+    return text
+
+
 def model_summary(model: Any) -> dict[str, Any]:
     """Parameter counts (total / trainable), dtype and device, for logs."""
     params = list(model.parameters())
@@ -703,8 +814,11 @@ def model_summary(model: Any) -> dict[str, Any]:
 __all__ = [
     "CHECKPOINT_MARKER",
     "DEFAULT_MODEL",
+    "PREFIX_TEMPLATE_MARK",
     "LoraSettings",
     "ModelLoadError",
+    "add_prefix_to_template",
+    "base_model_name",
     "check_model_source",
     "checkpoint_problems",
     "convert_default_model",
@@ -718,7 +832,10 @@ __all__ = [
     "newest_good_checkpoint",
     "prepare_tokenizer",
     "read_checkpoint_info",
+    "saved_template_prefix",
+    "split_prefixed_template",
     "stop_token_ids",
+    "template_prefix",
     "unfinished_saves",
     "write_checkpoint_marker",
 ]

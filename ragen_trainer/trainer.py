@@ -291,6 +291,7 @@ class StarPOTrainer(Trainer):
         self._last_logged_step = -1
         self._defer_depth = 0  # > 0 while a save runs with SIGINT / SIGTERM held back
         self._deferred_signals: list[int] = []
+        self._saving_final = False  # True while final/ is written (see _save)
 
     # ------------------------------------------------------------------------------------------ optimizer
     def create_optimizer(self, model: Any = None) -> Any:
@@ -751,8 +752,17 @@ class StarPOTrainer(Trainer):
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Save the policy in Hugging Face format (``from_pretrained`` loads it) and the critic next to it."""
-        from ragen_trainer.models import write_checkpoint_marker
+        """Save the policy in Hugging Face format (``from_pretrained`` loads it), with what it needs at generation time
+        (:mod:`ragen_trainer.model_card`: the chat template pre-writing the protocol's generation prefix, a response
+        template, ``generation_config.json`` with the validation decoding and the protocol, ``README.md``).
+
+        A ``checkpoint-N`` also gets what resuming needs: the critic (``critic.safetensors``), the Echo Trap monitor's
+        history and ``training_args.bin`` (the optimizer, scheduler and RNG come from ``_save_checkpoint_atomic``).
+        ``final/`` is for serving and holds none of it: the critic only ever scores training rollouts, and the last
+        ``checkpoint-N`` (written at the last step whenever ``save_steps`` > 0) keeps it for resuming.
+        """
+        from ragen_trainer.model_card import serving_settings, serving_tokenizer, write_serving_files
+        from ragen_trainer.models import base_model_name, write_checkpoint_marker
 
         output_dir = output_dir or self.args.output_dir
         unwrapped = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
@@ -761,24 +771,36 @@ class StarPOTrainer(Trainer):
         policy_state, critic_state = split_state_dict(state_dict)
         if not self.args.should_save:
             return
+        final = self._saving_final
         os.makedirs(output_dir, exist_ok=True)
         unwrapped.save_pretrained(output_dir, state_dict=policy_state, is_main_process=True)
-        if critic_state:
+        if critic_state and not final:
             save_critic(critic_state, output_dir)
+        serving = serving_settings(self.cfg)
         if self.processing_class is not None:
-            self.processing_class.save_pretrained(output_dir)
-        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+            with serving_tokenizer(self.processing_class, serving):  # the live tokenizer keeps its plain template
+                self.processing_class.save_pretrained(output_dir)
+        if not final:
+            torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+            # The Echo Trap monitor judges trends (a std cliff against its recent peak): a resumed run needs its history.
+            atomic_write_json(os.path.join(output_dir, MONITOR_FILE), _finite(self._echo_monitor().state_dict()),
+                              indent=None)
         self.cfg.save(os.path.join(output_dir, "ragen_config.yaml"))
-        # The Echo Trap monitor judges trends (a std cliff against its recent peak), so a resumed run needs its history.
-        atomic_write_json(os.path.join(output_dir, MONITOR_FILE), _finite(self._echo_monitor().state_dict()),
-                          indent=None)
+        step = self.state.global_step // self.n_updates
+        base_model = base_model_name(self.cfg.model)
+        write_serving_files(output_dir, model=unwrapped, tokenizer=self.processing_class, config=self.cfg,
+                            settings=serving, base_model=base_model, step=step,
+                            kind="final" if final else "checkpoint", validation=_finite(self.val_history))
         write_checkpoint_marker(output_dir, {
-            "step": self.state.global_step // self.n_updates,
+            "step": step,
             "optimizer_steps": self.state.global_step,
+            "kind": "final" if final else "checkpoint",
             "env_id": self.cfg.env_id,
             "model": self.cfg.model,
-            "critic": self.cfg.critic if critic_state else None,
+            "base_model": base_model,
+            "critic": self.cfg.critic if critic_state and not final else None,
             "protocol": dict(self.cfg.protocol),  # the turn protocol it was trained under, generation prefix included
+            "serving": serving.to_dict(),  # what the saved chat template / generation_config.json carry
             "config": self.cfg.to_dict(),
         })
 
@@ -833,7 +855,9 @@ class StarPOTrainer(Trainer):
                                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def _save_final(self, final_dir: str) -> None:
-        """The trained policy to ``final/``, like a checkpoint: written aside, then renamed into place."""
+        """The trained policy to ``final/``, like a checkpoint: written aside, then renamed into place. It is the
+        folder to serve (see :meth:`_save`): weights, tokenizer, generation settings and model card, and no optimizer,
+        scheduler, critic or trainer state."""
         from ragen_trainer.models import STAGING_PREFIX
 
         staging = os.path.join(os.path.dirname(final_dir) or ".", STAGING_PREFIX + os.path.basename(final_dir))
@@ -842,7 +866,11 @@ class StarPOTrainer(Trainer):
             shutil.rmtree(staging, ignore_errors=True)
         self.accelerator.wait_for_everyone()
         try:
-            self.save_model(staging)
+            self._saving_final = True  # _save writes a serving folder: no critic, no training state
+            try:
+                self.save_model(staging)
+            finally:
+                self._saving_final = False
             self.accelerator.wait_for_everyone()
             if main:
                 _fsync_tree(staging)

@@ -312,6 +312,41 @@ def hash_model_files(source: str | None) -> str | None:
     return digest.hexdigest()[:16]
 
 
+class _PrependingEngine:
+    """A chat engine whose replies get ``text`` put before them: the generation prefix that a served ragen
+    checkpoint's chat template wrote into the prompt and that a server (vLLM) leaves out of the reply it returns."""
+
+    supports_token_ids = False
+    tokenizer = None
+
+    def __init__(self, engine: Any, text: str) -> None:
+        if getattr(engine, "supports_token_ids", True):
+            raise ValueError(f"invalid argument prepend={text!r}: only for a chat engine (openai), not "
+                             f"{type(engine).__name__}")
+        self.inner = engine
+        self.text = text
+        self.name = getattr(engine, "name", type(engine).__name__)
+
+    def generate(self, prompts: list[list[int]], params: Any) -> list[Any]:
+        return self.inner.generate(prompts, params)  # raises: a chat engine takes messages
+
+    def generate_chat(self, messages_batch: list[list[dict[str, str]]], params: Any) -> list[Any]:
+        from dataclasses import replace
+
+        return [replace(r, text=self.text + r.text) for r in self.inner.generate_chat(messages_batch, params)]
+
+    def session(self, params: Any) -> Any:
+        from ragen_trainer.engines.base import BatchSession
+
+        return BatchSession(self, params)  # type: ignore[arg-type]  (a duck-typed engine: generate_chat is enough)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:  # usage counters, base_url, ...
+        return getattr(self.inner, name)
+
+
 class ModelAgent(Agent):
     """A causal LM replying through one of the trainer's engines; all live episodes of a batch in one call.
 
@@ -320,7 +355,12 @@ class ModelAgent(Agent):
     then each later turn only the template's delta; earlier replies stay in the conversation cleaned and
     re-tokenised (``reply_tokens="cleaned"``, the reference's, as training and its validation keep them), so a
     trained model is evaluated the way it was trained. Chat engines (``openai``) cannot continue a partial reply: they get the messages
-    and no prefix (a suite that sets an explicit non-empty ``reply_prefix`` is refused with them). Decoding is the
+    and no prefix from ragen (a suite that sets an explicit non-empty ``reply_prefix`` is refused with them); a served
+    ragen checkpoint's own chat template pre-writes its prefix (:mod:`ragen_trainer.model_card`), and ``transformers
+    serve`` returns it in the reply, while vLLM needs ``prepend`` (the text put before every reply). When the served
+    model is named by its local folder, the prefix its template pre-writes must be the suite's (else ``ValueError``
+    naming both). What each env was effectively played with (generation prefix, stop strings, thinking, decoding) is
+    :meth:`generation_settings`, which the runner records with its hash. Decoding is the
     suite's (temperature, top_p, max_new_tokens); the sampling seed of each call is derived from the suite's seed, the
     env and the batch's first seed and turn, so the same suite, model and batch size give the same replies.
 
@@ -340,12 +380,25 @@ class ModelAgent(Agent):
         engine_name: str | None = None,
         extra_identity: dict[str, Any] | None = None,
         max_context_tokens: int = 3600,
+        prepend: str | None = None,
+        template_prefix: str | None = None,
     ) -> None:
         if not hasattr(engine, "generate_chat"):
             raise ValueError(f"invalid argument engine={engine!r}: expected a ragen_trainer.engines GenerationEngine")
         self._token_prompts = bool(getattr(engine, "supports_token_ids", False)) and (
             getattr(engine, "tokenizer", None) is not None
         )
+        if prepend is not None and not (isinstance(prepend, str) and prepend):
+            raise ValueError(f"invalid argument prepend={prepend!r}: expected a non-empty str (or None)")
+        if prepend is not None and self._token_prompts:
+            raise ValueError(f"invalid argument prepend={prepend!r}: only for a chat engine (openai); a token engine "
+                             "continues after the protocol's generation prefix itself")
+        #: The generation prefix the served model's chat template pre-writes (a ragen checkpoint), when known.
+        self.template_prefix = template_prefix
+        #: Text put before every reply of a chat engine (the prefix a server's template wrote and left out).
+        self.prepend = prepend
+        if prepend is not None:
+            engine = _PrependingEngine(engine, prepend)
         self.engine = engine
         self.name = name
         self.model = model
@@ -371,14 +424,26 @@ class ModelAgent(Agent):
         base_url: str | None = None,
         api_key: str | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        prepend: str | None = None,
     ) -> ModelAgent:
         """Load ``model`` (HF id, local folder, ``ragen-trainer train`` checkpoint; ``None``: the bundled SmolLM2)
         and wrap it in ``engine`` (``"hf"``, ``"hf-generate"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible
-        ``base_url``)."""
+        ``base_url``).
+
+        With ``"openai"``, ``model`` is the served model's name; when that is a local folder (``transformers serve``
+        and ``vllm serve`` name a model by the path they load) the prefix its chat template pre-writes is read from it
+        and checked against each env of the suite. ``prepend``: text put before every reply (for a server that
+        renders such a template but returns only the model's continuation, e.g. vLLM; not ``transformers serve``,
+        which returns the prefix itself)."""
         from pathlib import Path
+
+        from ragen_trainer import models
 
         if engine not in ENGINES:
             raise ValueError(f"invalid argument engine={engine!r}: expected one of {ENGINES}")
+        if prepend is not None and engine != "openai":
+            raise ValueError(f"invalid argument prepend={prepend!r}: only with engine='openai' (the {engine} engine "
+                             "adds the protocol's generation prefix itself)")
         kwargs = dict(engine_kwargs or {})
         extra: dict[str, Any] = {}
         if engine == "openai":
@@ -389,9 +454,12 @@ class ModelAgent(Agent):
             from ragen_trainer.engines import OpenAIEngine
 
             built = OpenAIEngine(base_url=base_url, model=model, api_key=api_key, **kwargs)
+            served = Path(model).expanduser()
+            template_prefix = models.saved_template_prefix(served) if served.is_dir() else None
             return cls(built, name=name or model, model=model, engine_name="openai",
-                       extra_identity={"base_url": base_url})  # fmt: skip
-        from ragen_trainer import models
+                       model_hash=hash_model_files(str(served)) if served.is_dir() else None,
+                       extra_identity={"base_url": base_url}, prepend=prepend,
+                       template_prefix=template_prefix)  # fmt: skip
 
         source = models.resolve_model_source(model)  # the local folder it loads from (the converted default too)
         if Path(source).is_dir() and models.is_ragen_checkpoint(source):
@@ -430,8 +498,41 @@ class ModelAgent(Agent):
             # Token engines continue after each env's generation prefix (the suite's protocol); chat engines cannot.
             "generation_prefix": self._token_prompts,
             "max_context_tokens": self.max_context_tokens,
+            **({"template_prefix": self.template_prefix} if self.template_prefix is not None else {}),
+            **({"prepend": self.prepend} if self.prepend is not None else {}),
             **self.extra_identity,
         }
+
+    def generation_settings(self, entries: Any) -> dict[str, Any]:
+        """What each env of the suite is effectively generated with, by env name: the generation prefix the model
+        continues after (a token engine: the env protocol's, added by ragen; a chat engine: the one the served ragen
+        checkpoint's chat template pre-writes, known from its folder or from ``prepend``, else ``None``: no prefix
+        known), the stop strings, thinking on/off and the pinned decoding; for envs of several turns also how earlier
+        replies come back into the prompt (token engines: cleaned and re-tokenised; chat engines: as the server
+        returned them, rendered by its template) and the context limit, which only then can matter.
+
+        The runner records this, and its hash, in the result; the leaderboard ranks models together only when their
+        suite hashes *and* these hashes agree. Who wrote the prefix is not part of it (the identity's
+        ``generation_prefix`` / ``template_prefix`` / ``prepend`` say that): a served checkpoint whose template wrote
+        ``<answer>`` generates exactly like ragen's engine that appended it, and ranks with it."""
+        out: dict[str, Any] = {}
+        for entry in entries:
+            protocol = entry.protocol
+            if self._token_prompts:
+                prefix = protocol.generation_prefix
+            else:
+                prefix = self.template_prefix if self.template_prefix is not None else self.prepend
+            settings: dict[str, Any] = {
+                "generation_prefix": prefix,
+                "stop_strings": list(protocol.stop_strings),
+                "enable_think": protocol.enable_think,
+                "decoding": {k: entry.decoding.get(k) for k in ("temperature", "top_p", "max_new_tokens", "seed")},
+            }
+            if protocol.max_turns > 1:
+                settings["history"] = "cleaned token ids" if self._token_prompts else "replies as returned"
+                settings["max_context_tokens"] = self.max_context_tokens if self._token_prompts else None
+            out[entry.name] = settings
+        return out
 
     # -------------------------------------------------------------------------------------------- acting
     def begin_env(self, entry: Any) -> None:
@@ -439,6 +540,18 @@ class ModelAgent(Agent):
         from ragen_trainer.rollout import check_prefix_supported
 
         check_prefix_supported(self.engine, entry.protocol, f"the suite's env {entry.name!r}")
+        if not self._token_prompts:
+            wanted = entry.protocol.generation_prefix
+            for what, prefix in (("the served model's chat template pre-writes", self.template_prefix),
+                                 ("prepend is", self.prepend)):  # fmt: skip
+                if prefix is not None and prefix != wanted:
+                    raise ValueError(
+                        f"{what} {prefix!r}, but the suite's env {entry.name!r} plays with the generation prefix "
+                        f"{wanted!r} (enable_think={entry.protocol.enable_think}, reply_prefix="
+                        f"{entry.protocol.reply_prefix!r}): its replies would not parse; evaluate with a protocol "
+                        f"whose prefix is {prefix!r} (e.g. --protocol enable_think="
+                        f"{'false' if prefix == '<answer>' else 'true'}) or --envs of such a suite"
+                    )
         self._start(entry.name, entry.decoding)
 
     def _start(self, env_name: str, decoding: dict[str, Any]) -> None:

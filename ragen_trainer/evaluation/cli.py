@@ -42,6 +42,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--engine", choices=("hf", "hf-generate", "vllm", "openai"), default="hf",
                         help="generation engine for --agent model (default hf)")  # fmt: skip
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (with --engine openai)")
+    parser.add_argument("--prepend", default=None, metavar="TEXT",
+                        help="with --engine openai: put TEXT before every reply, for a server that renders a ragen "
+                             "checkpoint's chat template (it pre-writes the generation prefix, e.g. '<answer>') but "
+                             "returns only the model's continuation (vLLM); not for transformers serve, which returns "
+                             "the prefix itself")  # fmt: skip
     parser.add_argument("--api-key", default=None,
                         help="API key for --engine openai (default: the OPENAI_API_KEY environment variable)")
     parser.add_argument("--device", default="auto", help="device for the hf engine: auto, cpu, cuda, cuda:N")
@@ -109,6 +114,7 @@ def _build_agent(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         base_url=args.base_url,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+        prepend=getattr(args, "prepend", None),
     )
 
 

@@ -1,7 +1,11 @@
 """Merge result files into a leaderboard: a Markdown table and one self-contained static HTML page.
 
-Results are grouped by suite (id and hash: only runs of the very same suite share a table) and ranked by the overall
-score. The HTML page needs no network (no CDN, no fonts): it holds
+Results are grouped by suite (id and hash: only runs of the very same suite share a table) and, for models, by their
+generation hash (``agent.generation_hash``: the generation prefix and who wrote it, stop strings, thinking, decoding
+of every env; a model served without the prefix never shares a table with one that continued after it), and ranked
+by the overall score. Reference agents (random, oracle) generate nothing: they join every table of their suite.
+Results written before the generation hash existed form one table per suite ("generation not recorded"). The HTML
+page needs no network (no CDN, no fonts): it holds
 
 * a sortable table per suite (click a column header; numbers sort numerically),
 * a bar chart per env (inline SVG) of every agent's success rate with 95% error bars (+-1.96 standard errors),
@@ -74,32 +78,46 @@ def _rankable_score(score: Any) -> bool:
 
 
 def build_board(results: Sequence[dict[str, Any]], paths: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Group results by suite and rank them: ``[{suite, envs, rows: [{label, agent, overall, envs}]}]``.
+    """Group results by suite and generation settings and rank them:
+    ``[{suite, generation, generation_hash, envs, rows: [{label, agent, overall, envs}]}]``.
 
-    Results should come from :func:`load_results` (schema-checked); as a last guard, a result whose score is not a
-    finite number in [0, 100] (a NaN never ranks first, nor at all) is left out with a :class:`ResultFileWarning`.
+    A model's table is its suite's (id and hash) and its ``generation_hash`` (``None`` for a file written before it
+    existed); reference agents (``kind`` other than ``"model"``) are put in every table of their suite. Results should
+    come from :func:`load_results` (schema-checked); as a last guard, a result whose score is not a finite number in
+    [0, 100] (a NaN never ranks first, nor at all) is left out with a :class:`ResultFileWarning`.
     """
     paths = list(paths or [f"result-{i}" for i in range(len(results))])
     labels = _label_runs(results, paths)
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, str, str | None], dict[str, Any]] = {}
+    references: list[tuple[tuple[str, str], dict[str, Any], dict[str, Any]]] = []
     for result, label, path in zip(results, labels, paths):
         score = result["summary"]["overall"].get("score")
         if not _rankable_score(score):
             warnings.warn(f"skipped result {str(path)!r}: summary.overall.score: {score!r} is not a finite number in "
                           "[0, 100]", ResultFileWarning, stacklevel=2)  # fmt: skip
             continue
-        suite = result["suite"]
-        key = (suite["id"], suite["hash"])
-        group = groups.setdefault(key, {"suite": suite, "envs": [], "rows": []})
-        summary = result["summary"]
-        for name in summary["envs"]:
-            if name not in group["envs"]:
-                group["envs"].append(name)
-        group["rows"].append(
-            {"label": label, "path": str(path), "agent": result["agent"], "overall": summary["overall"],
-             "envs": summary["envs"]}
-        )
+        suite, agent, summary = result["suite"], result["agent"], result["summary"]
+        row = {"label": label, "path": str(path), "agent": agent, "overall": summary["overall"],
+               "envs": summary["envs"]}
+        if agent.get("kind") != "model":
+            references.append(((suite["id"], suite["hash"]), suite, row))
+            continue
+        key = (suite["id"], suite["hash"], agent.get("generation_hash"))
+        group = groups.setdefault(key, {"suite": suite, "generation": agent.get("generation"),
+                                        "generation_hash": agent.get("generation_hash"), "envs": [], "rows": []})
+        group["rows"].append(row)
+    for suite_key, suite, row in references:
+        targets = [g for k, g in groups.items() if k[:2] == suite_key]
+        if not targets:  # no model ran this suite: the references have a table of their own
+            targets = [groups.setdefault((*suite_key, None), {"suite": suite, "generation": None,
+                                                              "generation_hash": None, "envs": [], "rows": []})]
+        for group in targets:
+            group["rows"].append(dict(row))
     for group in groups.values():
+        for row in group["rows"]:
+            for name in row["envs"]:
+                if name not in group["envs"]:
+                    group["envs"].append(name)
         group["rows"].sort(key=lambda row: (-(row["overall"]["score"] or 0.0), row["label"]))
     return list(groups.values())
 
@@ -166,13 +184,38 @@ def protocol_summary(suite: dict[str, Any]) -> str:
     return f"protocol (turns/actions per turn/actions per episode): {budgets}; {rest}"
 
 
+def generation_summary(group: dict[str, Any]) -> str:
+    """One line naming what the models of a table were generated with (their ``agent.generation``, shared by the
+    table's models): per env the generation prefix, the stop strings, thinking and the decoding."""
+    generation = group.get("generation")
+    if not isinstance(generation, dict) or not generation:
+        has_models = any(r["agent"].get("kind") == "model" for r in group.get("rows", []))
+        return ("generation: not recorded (results from before ragen recorded its generation settings)" if has_models
+                else "generation: reference agents only")
+    parts: dict[str, list[str]] = {}
+    for env, g in generation.items():
+        if not isinstance(g, dict):
+            continue
+        prefix = g.get("generation_prefix")
+        decoding = g.get("decoding") or {}
+        text = f"prefix {prefix!r}" if prefix else "no prefix"
+        text += f", stop {g.get('stop_strings')}, think {g.get('enable_think')}"
+        text += ", " + ", ".join(f"{k} {decoding[k]}" for k in ("temperature", "top_p", "max_new_tokens")
+                                 if k in decoding)
+        parts.setdefault(text, []).append(str(env))
+    lines = "; ".join(f"{', '.join(envs)}: {text}" for text, envs in parts.items())
+    return f"generation (hash {group.get('generation_hash')}): {lines}"
+
+
 def markdown_table(board: list[dict[str, Any]]) -> str:
     """The leaderboard as Markdown: one table per suite, success % ± standard error per env."""
     out: list[str] = []
     for group in board:
         suite = group["suite"]
-        out.append(f"### Suite `{suite['id']}` (hash `{suite['hash']}`)\n")
+        tail = f", generation `{group['generation_hash']}`" if group.get("generation_hash") else ""
+        out.append(f"### Suite `{suite['id']}` (hash `{suite['hash']}`{tail})\n")
         out.append(protocol_summary(suite) + "\n")
+        out.append(generation_summary(group) + "\n")
         head = ["#", "agent", "kind", "score", "partial"] + group["envs"] + ["episodes"]
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "|".join(["---:", ":---", ":---", "---:", "---:"] + ["---:"] * len(group["envs"]) + ["---:"]) + "|")
@@ -200,8 +243,8 @@ def _svg_chart(env: str, rows: list[dict[str, Any]]) -> str:
     """Bars of every agent's success rate on ``env`` with +-1.96 SE error bars, as inline SVG."""
     width, height, left, bottom, top = max(240, 70 + 64 * len(rows)), 220, 40, 50, 20
     plot_h = height - bottom - top
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" class="bars" width="{width}" height="{height}" '
-             f'role="img" aria-label="success rate on {html.escape(env)}">']  # fmt: skip
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="bars" width="{width}" height="{height}" '
+              f'role="img" aria-label="success rate on {html.escape(env)}">')]  # fmt: skip
     for tick in (0, 25, 50, 75, 100):
         y = top + plot_h * (1 - tick / 100)
         parts.append(f'<line x1="{left}" x2="{width - 5}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
@@ -517,18 +560,19 @@ def render_html(
 ) -> str:
     """The whole page as one string (inline CSS, JS, SVG and data; nothing is fetched)."""
     body = [f"<h1>{html.escape(title)}</h1>",
-            '<p class="muted">Offline, seed-pinned evaluation. <b>Success</b> is the env\'s own success flag; '
-            "<b>partial</b> credit (WebShop reward, Sokoban boxes on targets) is reported apart and never counted as "
-            "success. <b>Score</b> = unweighted mean of the per-env success rates (%), ± its standard error; per-env "
-            "cells are success % ± standard error over initial states. Error bars: 95% (±1.96 SE). Click a column "
-            "header to sort.</p>"]  # fmt: skip
+            ('<p class="muted">Offline, seed-pinned evaluation. <b>Success</b> is the env\'s own success flag; '
+             "<b>partial</b> credit (WebShop reward, Sokoban boxes on targets) is reported apart and never counted as "
+             "success. <b>Score</b> = unweighted mean of the per-env success rates (%), ± its standard error; "
+             "per-env cells are success % ± standard error over initial states. Error bars: 95% (±1.96 SE). Click a "
+             "column header to sort.</p>")]  # fmt: skip
     for index, group in enumerate(board):
         suite = group["suite"]
         desc = suite.get("definition", {}).get("description", "")
         body.append(f'<section class="suite" id="suite-{index}"><h2>Suite {html.escape(suite["id"])} '
                     f'<span class="muted">hash {html.escape(suite["hash"])}</span></h2>'
                     f'<p class="muted">{html.escape(desc)}</p>'
-                    f'<p class="muted">{html.escape(protocol_summary(suite))}</p>')  # fmt: skip
+                    f'<p class="muted">{html.escape(protocol_summary(suite))}</p>'
+                    f'<p class="muted">{html.escape(generation_summary(group))}</p>')  # fmt: skip
         body.append(_html_table(index, group))
         body.append(_details_table(group))
         body.append('<div class="charts">')

@@ -9,7 +9,9 @@ The result holds::
 
     format, format_version    "ragen-eval-result", 1
     suite                     name, version, id, hash and the whole definition
-    agent                     the agent's identity (name, kind, model path and hash, engine, decoding)
+    agent                     the agent's identity (name, kind, model path and hash, engine, decoding; for a model
+                              also ``generation``, per env the effective generation settings, and its
+                              ``generation_hash``)
     versions                  python, ragen, gymnasium, numpy (+ torch, transformers for model agents)
     episodes                  one record per episode (see below)
     summary                   metrics.summarize(episodes): per env and overall
@@ -54,7 +56,7 @@ from ragen_trainer.evaluation.schema import (
     validate_checkpoint,
     validate_result,
 )
-from ragen_trainer.evaluation.suites import Suite, SuiteEnv
+from ragen_trainer.evaluation.suites import Suite, SuiteEnv, generation_hash
 from ragen_trainer.fileio import atomic_write_text
 
 
@@ -185,7 +187,7 @@ def run_env(
         for episode in batch:
             try:
                 final_view = to_jsonable(episode.env.unwrapped.state_view()) if episode.env is not None else None
-            except Exception as exc:  # a broken view must not lose the episode
+            except Exception as exc:  # noqa: BLE001 - a broken view must not lose the episode
                 final_view = {"error": repr(exc)}
             records[id(episode)] = _episode_record(entry, episode, states.pop(id(episode), []),
                                                    initial.pop(id(episode), None), final_view)
@@ -270,6 +272,12 @@ def run_suite(
         decodings = {e.name: e.decoding for e in suite.envs}
         distinct = {json.dumps(d, sort_keys=True) for d in decodings.values()}
         identity["decoding"] = next(iter(decodings.values())) if len(distinct) == 1 else decodings
+    settings = getattr(agent, "generation_settings", None)
+    if identity.get("kind") == "model" and callable(settings):
+        # What every env was effectively generated with (generation prefix, stop strings, thinking, decoding):
+        # the suite hash cannot tell a prefixed run from an unprefixed one, this hash can (see the leaderboard).
+        identity["generation"] = to_jsonable(settings(suite.envs))
+        identity["generation_hash"] = generation_hash(identity["generation"])
     result = {
         "format": RESULT_FORMAT,
         "format_version": RESULT_FORMAT_VERSION,

@@ -332,6 +332,20 @@ class SuiteIdentity(_Record):
 class AgentIdentity(_Record):
     name: Name
     kind: str | None = None
+    generation: dict[str, Json] | None = None
+    """A model's effective generation settings per env (written since the generation hash exists)."""
+    generation_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")] | None = None
+
+    @model_validator(mode="after")
+    def _generation_hash_names_the_settings(self) -> AgentIdentity:
+        from ragen_trainer.evaluation.suites import generation_hash
+
+        if (self.generation is None) != (self.generation_hash is None):
+            raise ValueError("generation and generation_hash come together (one is missing)")
+        if self.generation is not None and generation_hash(self.generation) != self.generation_hash:
+            raise ValueError(f"generation_hash {self.generation_hash!r} is not the hash of the generation settings "
+                             f"the file holds ({generation_hash(self.generation)!r}): the file was edited")
+        return self
 
 
 class Timings(_Record):

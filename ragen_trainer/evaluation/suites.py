@@ -165,6 +165,14 @@ def suite_hash(definition: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def generation_hash(generation: dict[str, Any]) -> str:
+    """sha256 (first 16 hex digits) of the canonical JSON of a model's effective generation settings, per env (what a
+    result's ``agent.generation`` records: the generation prefix and who added it, stop strings, thinking, decoding,
+    context; see :meth:`ragen_trainer.evaluation.agents.ModelAgent.generation_settings`). Two model results share a
+    leaderboard table only when their suite hash and this hash agree."""
+    return suite_hash(generation)
+
+
 def _expand_seeds(spec: Any, env_name: str) -> tuple[int, ...]:
     if isinstance(spec, dict):
         if set(spec) != {"start", "count"}:

@@ -15,6 +15,7 @@ What this server can check, and what it cannot (transformers 5.x):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -67,20 +68,11 @@ def _log_tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
 
 
-@pytest.fixture(scope="module")
-def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
-    """``transformers serve`` on a copy of the tiny model that samples (``do_sample``; the saved one is greedy, and a
-    random model's greedy reply is one token repeated). Yields ``url`` (API root) and ``model`` (the name to send)."""
-    reason = _serve_missing()
-    if reason:
-        pytest.skip(reason)
-    work = tmp_path_factory.mktemp("served")
-    folder = work / "tiny"
-    shutil.copytree(tiny_model_dir, folder)
-    config_path = folder / "generation_config.json"
-    config = json.loads(config_path.read_text())
-    config["do_sample"] = True
-    config_path.write_text(json.dumps(config))
+@contextlib.contextmanager
+def transformers_serve(work: Path, folder: Path | None = None) -> Iterator[SimpleNamespace]:
+    """``transformers serve`` on 127.0.0.1 (a free port), run in ``work`` and logging to ``work/serve.log``, until the
+    block ends. ``folder``: the model it serves; ``None``: each request loads the model (folder) it names. Yields
+    ``url`` (API root) and ``log``."""
     port = _free_port()
     log_path = work / "serve.log"
     env = {
@@ -90,7 +82,7 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
     }
-    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(folder)]
+    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", *([str(folder)] if folder else [])]
     command += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--log-level", "warning"]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=work, env=env)
@@ -108,7 +100,7 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
             if time.monotonic() > deadline:
                 pytest.fail(f"transformers serve not up after {STARTUP_TIMEOUT_S:.0f} s:\n{_log_tail(log_path)}")
             time.sleep(0.2)
-        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/v1", model=str(folder), log=log_path)
+        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/v1", log=log_path)
     finally:
         proc.terminate()
         try:
@@ -116,6 +108,24 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
+    """``transformers serve`` on a copy of the tiny model that samples (``do_sample``; the saved one is greedy, and a
+    random model's greedy reply is one token repeated). Yields ``url`` (API root) and ``model`` (the name to send)."""
+    reason = _serve_missing()
+    if reason:
+        pytest.skip(reason)
+    work = tmp_path_factory.mktemp("served")
+    folder = work / "tiny"
+    shutil.copytree(tiny_model_dir, folder)
+    config_path = folder / "generation_config.json"
+    config = json.loads(config_path.read_text())
+    config["do_sample"] = True
+    config_path.write_text(json.dumps(config))
+    with transformers_serve(work, folder) as server:
+        yield SimpleNamespace(url=server.url, model=str(folder), log=server.log)
 
 
 def _reply(engine: OpenAIEngine, params: SamplingParams) -> tuple[Any, int]:

@@ -248,7 +248,7 @@ def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny
 def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, lambda text, call, row: ["Dragon", "Phoenix", "x"][row % 3])
-    cfg = small_config(tmp_path, "starpo-s", total_steps=2, ppo_epochs=2, save_steps=0,
+    cfg = small_config(tmp_path, "starpo-s", total_steps=2, ppo_epochs=2, save_steps=2,
                        filter_ratio=1.0, group_size=3)
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
     critic = get_critic(model)
@@ -266,7 +266,9 @@ def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
     assert any(not torch.equal(v, backbone_before[k]) for k, v in get_critic(model).state_dict().items())
     from safetensors.torch import load_file
 
-    saved = load_file(str(tmp_path / "run" / "final" / CRITIC_FILE))
+    # The critic is kept for resuming (checkpoint-N, here the last step's), not in final/, which is for serving.
+    assert not (tmp_path / "run" / "final" / CRITIC_FILE).exists()
+    saved = load_file(str(tmp_path / "run" / "checkpoint-4" / CRITIC_FILE))
     assert any(k.startswith("backbone.") for k in saved) and any(k.startswith("head.") for k in saved)
 
 
