@@ -46,18 +46,17 @@ Experiments (each has its own default env and reply budget; ``--env`` and ``--ma
   update passes (training steps x ``ppo_epochs``), so fresh and stale line up. Curves: training success, reward,
   in-group reward std, format errors (more actions need more tokens), clip fraction.
 
-Scale. The CPU defaults (SmolLM2-135M, 8 initial states x 4 rollouts, 15 steps, thinking off and 8 tokens per reply
-as the quickstart's Bandit run -- with thinking on, the 135M model rarely closes its answer within a CPU-sized token
-budget, so every reply would earn the same format penalty and nothing would be learned --, learning rate 5e-5 and
-10x for the critic as in the reference's 1e-6 / 1e-5, PPO mini-batches of a quarter of the batch as the reference's
-32 of 128) make ``echo-trap`` about 1.5 hours on a 2-core CPU (measured: 65 minutes for five of its six runs;
-``ppo-keep-0.75`` about 2 minutes a step). They are fixed before any result was
-seen and are the same for every run of an experiment; nothing here is tuned toward the paper's curves. The two
-FrozenLake experiments are longer (multi-turn episodes, longer replies). Estimated, not measured, from the Bandit
-runs' time per trained token and per generated token: ``reasoning`` about 1.5 to 2 hours (3 runs x 15 steps at up to
-64 tokens a reply; the two thinking runs take most of it), ``rollout-shape`` about 2 to 3 hours (7 runs x 15 steps,
-plus 5 steps x 3 passes). Their reply budgets are the smallest that fit a short thought and an answer (64) or seven
-actions (32), not tuned on results.
+Scale. The CPU defaults of ``echo-trap`` (SmolLM2-135M, 8 initial states x 4 rollouts, 15 steps, validation on 32
+states every 5 steps, thinking off and 8 tokens per reply as the quickstart's Bandit run -- with thinking on, the 135M
+model rarely closes its answer within a CPU-sized token budget, so every reply would earn the same format penalty and
+nothing would be learned --, learning rate 5e-5 and 10x for the critic as in the reference's 1e-6 / 1e-5, PPO
+mini-batches of a quarter of the batch as the reference's 32 of 128) make it about 1.5 hours on a 2-core CPU
+(measured: 65 minutes for five of its six runs; ``ppo-keep-0.75``, 3 updates a step, about 2 to 4 minutes a step).
+The two FrozenLake experiments play five-turn episodes with longer replies, so their defaults are smaller
+(:data:`_MULTI_TURN_SCALE`: 4 initial states x 4 rollouts, 6 steps, validation on 8 states every 3 steps), to fit
+about an hour each; their reply budgets are the smallest that fit a short thought and an answer (64) or seven actions
+(32). All of it was fixed before any result was seen and is the same for every run of an experiment; nothing here is
+tuned toward the paper's curves. ``--groups``, ``--steps``, ``--val-every`` and ``--val-groups`` change the scale.
 """
 
 from __future__ import annotations
@@ -169,13 +168,25 @@ class Experiment:
     """Metric key -> panel title, drawn for every run."""
     x_key: str = "step"
     """The curves' x axis: ``step`` (training steps) or ``update_passes`` (steps x ``ppo_epochs``)."""
+    scale: dict[str, int] = field(default_factory=dict)
+    """Defaults of ``--groups``, ``--steps``, ``--val-every``, ``--val-groups`` (options not named here take
+    :data:`DEFAULT_SCALE`'s): what fits the experiment's runs into about an hour on a 2-core CPU."""
 
+
+#: The CPU scale of an experiment unless it sets its own (:attr:`Experiment.scale`) or the command line does.
+DEFAULT_SCALE: dict[str, int] = {"groups": 8, "steps": 15, "val_every": 5, "val_groups": 32}
+
+#: The multi-turn experiments' CPU scale: 4 initial states x 4 rollouts, 6 steps, validation on 8 states every 3
+#: steps. Set before any of their runs, from the measured cost of the Bandit runs, so that each experiment takes about
+#: an hour on 2 cores; not tuned on results.
+_MULTI_TURN_SCALE: dict[str, int] = {"groups": 4, "steps": 6, "val_every": 3, "val_groups": 8}
 
 EXPERIMENTS: dict[str, Experiment] = {
     "echo-trap": Experiment(echo_trap_runs, "ragen/Bandit-v0", 8, CURVES),
-    "reasoning": Experiment(reasoning_runs, "ragen/FrozenLake-v0", 64, REASONING_CURVES),
+    "reasoning": Experiment(reasoning_runs, "ragen/FrozenLake-v0", 64, REASONING_CURVES, scale=_MULTI_TURN_SCALE),
     "rollout-shape": Experiment(
-        rollout_shape_runs, "ragen/FrozenLake-v0", 32, ROLLOUT_SHAPE_CURVES, x_key="update_passes"
+        rollout_shape_runs, "ragen/FrozenLake-v0", 32, ROLLOUT_SHAPE_CURVES, x_key="update_passes",
+        scale=_MULTI_TURN_SCALE,
     ),
 }
 
@@ -329,8 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="smollm2", help="model (default: the bundled SmolLM2-135M-Instruct)")
     parser.add_argument("--engine", default="hf", choices=["hf", "hf-generate", "vllm"])
     parser.add_argument("--engine-url", default="", help="vLLM server URL for --engine vllm")
-    parser.add_argument("--steps", type=int, default=15, help="training steps per run (default %(default)s)")
-    parser.add_argument("--groups", type=int, default=8, help="initial states per step P (default %(default)s)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per run (default: the experiment's: echo-trap 15, the others 6)")
+    parser.add_argument("--groups", type=int, default=None,
+                        help="initial states per step P (default: the experiment's: echo-trap 8, the others 4)")
     parser.add_argument("--group-size", type=int, default=4, help="rollouts per state N (default %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=None,
                         help="tokens per reply (default: the experiment's: echo-trap 8, reasoning 64, "
@@ -341,8 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=5e-5, help="actor learning rate; critic 10x (default %(default)s)")
     parser.add_argument("--lora-rank", type=int, default=0, help="> 0: train a LoRA adapter of this rank")
     parser.add_argument("--micro-batch-size", type=int, default=8)
-    parser.add_argument("--val-every", type=int, default=5)
-    parser.add_argument("--val-groups", type=int, default=32)
+    parser.add_argument("--val-every", type=int, default=None,
+                        help="validate every this many steps (default: the experiment's: echo-trap 5, the others 3)")
+    parser.add_argument("--val-groups", type=int, default=None,
+                        help="initial states of each validation (default: the experiment's: echo-trap 32, the "
+                             "others 8)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="runs/reproduce", help="folder of the training runs (default %(default)s)")
     parser.add_argument("--out", default="docs/reproduction", help="folder for the JSON and PNG (default %(default)s)")
@@ -359,6 +375,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.env = experiment.env
     if args.max_new_tokens is None:
         args.max_new_tokens = experiment.max_new_tokens
+    for name, default in {**DEFAULT_SCALE, **experiment.scale}.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     return args
 
 

@@ -98,7 +98,7 @@ def test_rollout_shape_sweeps_actions_per_turn_and_reuses_rollouts_for_the_stale
     assert settings["stale-3x"] == settings["actions-5"]
     assert (fresh.ppo_epochs, stale.ppo_epochs) == (1, 3)
     # as many update passes, a third of the rollout batches
-    assert stale.total_steps * stale.ppo_epochs == fresh.total_steps * fresh.ppo_epochs == 15
+    assert stale.total_steps * stale.ppo_epochs == fresh.total_steps * fresh.ppo_epochs == 6  # the default 6 steps
     assert all(c.filter_ratio == 0.25 for c in configs.values())
     # thinking follows --enable-think here, and --env / --max-new-tokens override the experiment's defaults
     other = _configs(reproduce, ["rollout-shape", "--env", "ragen/Sokoban-v0", "--max-new-tokens", "48",
@@ -143,3 +143,14 @@ def test_main_writes_the_experiments_own_curves(reproduce, experiment, tmp_path,
         assert data["update_passes"] == [passes, 2 * passes, 3 * passes]
     printed = capsys.readouterr().out
     assert all(label in printed for label in curves.values())
+
+
+def test_each_experiment_has_its_own_cpu_scale_and_the_command_line_wins(reproduce):
+    scale = ("groups", "steps", "val_every", "val_groups")
+    echo = reproduce.parse_args(["echo-trap"])
+    assert [getattr(echo, k) for k in scale] == [8, 15, 5, 32]
+    for name in ("reasoning", "rollout-shape"):
+        args = reproduce.parse_args([name])
+        assert [getattr(args, k) for k in scale] == [4, 6, 3, 8]
+    given = reproduce.parse_args(["reasoning", "--groups", "8", "--steps", "15", "--val-every", "5"])
+    assert [getattr(given, k) for k in scale] == [8, 15, 5, 8]
