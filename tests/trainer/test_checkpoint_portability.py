@@ -34,6 +34,7 @@ import ragen_envs  # noqa: F401  (registers the ragen/* envs)
 from ragen_trainer import models
 from ragen_trainer.config import load_config
 from ragen_trainer.critic import CRITIC_FILE
+from ragen_trainer.engines.local_server import serve_missing, transformers_serve
 from ragen_trainer.evaluation.agents import ModelAgent
 from ragen_trainer.evaluation.cli import main as eval_cli
 from ragen_trainer.evaluation.leaderboard import build_board, markdown_table
@@ -43,7 +44,6 @@ from ragen_trainer.model_card import GENERATION_CONFIG_KEY
 from ragen_trainer.rollout import ChatTokens
 from ragen_trainer.trainer import StarPOTrainer
 from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer
-from tests.trainer.test_engines_served import _serve_missing, transformers_serve
 
 ENV_ID = "ragen/Bandit-v0"
 SEEDS = list(range(1000, 1016))  # 16 episodes, as the issue's report
@@ -139,10 +139,10 @@ def suite_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def server(run: SimpleNamespace) -> Iterator[SimpleNamespace]:
     """``transformers serve`` on 127.0.0.1 with no model forced: each request loads the folder it names."""
-    reason = _serve_missing()
+    reason = serve_missing()
     if reason:
         pytest.skip(reason)
-    with transformers_serve(run.work) as served:
+    with transformers_serve(run.work, threads=1) as served:
         yield served
 
 

@@ -9,6 +9,7 @@ import pytest
 
 from ragen_trainer import cli
 from ragen_trainer.config import PRESETS, StarPOConfig
+from ragen_trainer.engines.local_server import free_port
 
 
 def test_help_lists_every_field_and_subcommand(capsys):
@@ -109,14 +110,6 @@ def test_train_a_lora_adapter_from_the_command_line(tmp_path, tiny_model_dir):
     assert any("lora_A" in n and "q_proj" in n for n in names) and not any("lora_A" in n and "k_proj" in n for n in names)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_same_command_runs_under_accelerate_launch_with_two_processes(tmp_path, tiny_model_dir):
     """Nothing assumes one process: 2 CPU processes (gloo) roll out their share of the groups, gather, filter alike,
     train, and only the main process writes the output folder."""
@@ -131,7 +124,7 @@ def test_same_command_runs_under_accelerate_launch_with_two_processes(tmp_path, 
     out = tmp_path / "run"
     cmd = [
         "accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", str(_free_port()), "-m", "ragen_trainer.cli", "train",
+        "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "ragen_trainer.cli", "train",
         "--config", "starpo-s", "--model", str(tiny_model_dir), "--output_dir", str(out), "--total_steps", "1",
         "--env_groups", "3", "--group_size", "2", "--max_new_tokens", "4", "--max_context_tokens", "1024",
         "--max_turns", "1", "--val_every", "1", "--val_groups", "3", "--save_steps", "1", "--micro_batch_size", "1",

@@ -15,17 +15,9 @@ What this server can check, and what it cannot (transformers 5.x):
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,6 +29,7 @@ pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from ragen_trainer.engines.base import SamplingParams, cut_at_stop
+from ragen_trainer.engines.local_server import serve_missing, transformers_serve
 from ragen_trainer.engines.openai import OpenAIEngine, OpenAIEngineError
 from ragen_trainer.engines.vllm import VLLMEngine
 
@@ -47,74 +40,11 @@ MESSAGES = [
 ]
 
 
-def _serve_missing() -> str | None:
-    """Why ``transformers serve`` cannot run here, or ``None``."""
-    from transformers.utils.import_utils import is_serve_available
-
-    if int(transformers.__version__.split(".")[0]) < 5:
-        return f"transformers {transformers.__version__} is older than the 5.x `transformers serve` this test drives"
-    if not is_serve_available():
-        return "`transformers serve` needs fastapi, uvicorn and openai: pip install -e '.[dev]'"
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _log_tail(path: Path) -> str:
-    return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
-
-
-@contextlib.contextmanager
-def transformers_serve(work: Path, folder: Path | None = None) -> Iterator[SimpleNamespace]:
-    """``transformers serve`` on 127.0.0.1 (a free port), run in ``work`` and logging to ``work/serve.log``, until the
-    block ends. ``folder``: the model it serves; ``None``: each request loads the model (folder) it names. Yields
-    ``url`` (API root) and ``log``."""
-    port = _free_port()
-    log_path = work / "serve.log"
-    env = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",  # a local folder: nothing to download, no update check
-        "HF_HUB_DISABLE_UPDATE_CHECK": "1",
-        "OMP_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", *([str(folder)] if folder else [])]
-    command += ["--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--log-level", "warning"]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=work, env=env)
-    try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited with {proc.returncode} while starting:\n{_log_tail(log_path)}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve not up after {STARTUP_TIMEOUT_S:.0f} s:\n{_log_tail(log_path)}")
-            time.sleep(0.2)
-        yield SimpleNamespace(url=f"http://127.0.0.1:{port}/v1", log=log_path)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimpleNamespace]:
     """``transformers serve`` on a copy of the tiny model that samples (``do_sample``; the saved one is greedy, and a
     random model's greedy reply is one token repeated). Yields ``url`` (API root) and ``model`` (the name to send)."""
-    reason = _serve_missing()
+    reason = serve_missing()
     if reason:
         pytest.skip(reason)
     work = tmp_path_factory.mktemp("served")
@@ -124,7 +54,7 @@ def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     config = json.loads(config_path.read_text())
     config["do_sample"] = True
     config_path.write_text(json.dumps(config))
-    with transformers_serve(work, folder) as server:
+    with transformers_serve(work, folder, threads=1, startup_timeout=STARTUP_TIMEOUT_S) as server:
         yield SimpleNamespace(url=server.url, model=str(folder), log=server.log)
 
 
