@@ -53,8 +53,8 @@ nothing would be learned --, learning rate 5e-5 and 10x for the critic as in the
 mini-batches of a quarter of the batch as the reference's 32 of 128) make it about 1.5 hours on a 2-core CPU
 (measured: 65 minutes for five of its six runs; ``ppo-keep-0.75``, 3 updates a step, about 2 to 4 minutes a step).
 The two FrozenLake experiments play five-turn episodes with longer replies, so their defaults are smaller
-(:data:`_MULTI_TURN_SCALE`: 4 initial states x 4 rollouts, 6 steps, validation on 8 states every 3 steps), to fit
-about an hour each; their reply budgets are the smallest that fit a short thought and an answer (64) or seven actions
+(:data:`_MULTI_TURN_SCALE`: 4 initial states x 4 rollouts, 6 steps, validation on 8 states every 3 steps):
+``reasoning`` took about 50 minutes (measured: 17-18 minutes a run), ``rollout-shape`` is estimated at 1 to 1.5 hours; their reply budgets are the smallest that fit a short thought and an answer (64) or seven actions
 (32). All of it was fixed before any result was seen and is the same for every run of an experiment; nothing here is
 tuned toward the paper's curves. ``--groups``, ``--steps``, ``--val-every`` and ``--val-groups`` change the scale.
 """
