@@ -118,6 +118,14 @@ class TurnProtocol(gym.Wrapper[str, str, str, str]):
     def format_penalty(self) -> float:
         return self.settings.format_penalty
 
+    def format_reply(self, actions: list[str], think: str = "") -> str:
+        """A well-formed reply carrying ``actions``: ``<think>think</think><answer>a1 || a2</answer>``, without the
+        think block when thinking is off (what scripted agents and fixed opponents send)."""
+        answer = f" {self.action_sep} ".join(actions)
+        if self.enable_think:
+            return f"<think>{think}</think><answer>{answer}</answer>"
+        return f"<answer>{answer}</answer>"
+
     # ------------------------------------------------------------------ prompt text
     @property
     def format_prompt(self) -> str:

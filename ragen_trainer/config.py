@@ -125,6 +125,17 @@ class StarPOConfig:
         "Env randomness of a group's rollouts: shared (the reference's: same seed, same payouts and slips, so the "
         "rollouts differ only by the model's choices) or independent (each rollout re-seeded after the reset).",
     )
+    opponent_pool: list[str] = _f(
+        [],
+        "Self-play on a game env (ragen/TicTacToe-v0, ...): the opponents training games draw from, one draw per "
+        "initial state: self (the policy plays both seats, both trained), past (an earlier snapshot of the policy), "
+        "or a fixed opponent of the game (random, rule, perfect, ...). Empty: the single-agent view against its "
+        "env_kwargs opponent, like any env. Needs pettingzoo (ragen[games]).",
+    )
+    opponent_snapshot_every: int = _f(
+        10, "Self-play with past in opponent_pool: steps between two snapshots of the policy (one at the first step)."
+    )
+    opponent_pool_size: int = _f(4, "Self-play: the most past snapshots of the policy kept (the oldest is dropped).")
     reply_tokens: str = _f(
         "cleaned",
         "Trained reply tokens: cleaned (the reference's: the reply cleaned to <think>..</think><answer>..</answer> "
@@ -268,7 +279,8 @@ class StarPOConfig:
                      "micro_batch_size", "generation_batch_size", "ppo_epochs", "ppo_mini_batch_size", "val_groups",
                      "logging_steps"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
-        for name in ("val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank"):
+        for name in ("val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank",
+                     "opponent_snapshot_every", "opponent_pool_size"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "an int >= 0")
         _check(0 <= self.seed <= MAX_SEED, "seed", self.seed, f"an int in 0..{MAX_SEED}")
         _check(self.max_new_tokens < self.max_context_tokens, "max_new_tokens", self.max_new_tokens,
@@ -318,6 +330,16 @@ class StarPOConfig:
             _check(self.group_size >= 2 or not self.grpo_norm_by_std, "group_size", self.group_size,
                    "an int >= 2 for grpo (a group of one has no baseline)")
         self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
+        if self.opponent_pool:
+            from ragen_trainer.selfplay import check_opponent_pool
+
+            try:
+                check_opponent_pool(self.env_id, self.opponent_pool)
+            except ValueError as exc:
+                raise ValueError(str(exc).replace("invalid argument", "invalid config field", 1)) from None
+            _check(self.opponent_snapshot_every >= 1, "opponent_snapshot_every", self.opponent_snapshot_every,
+                   "an int >= 1 (steps between snapshots of the policy)")
+            _check(self.opponent_pool_size >= 1, "opponent_pool_size", self.opponent_pool_size, "an int >= 1")
         if self.engine == "vllm":
             _check(self.engine_url.startswith(("http://", "https://")), "engine_url", self.engine_url,
                    f"an http(s) URL of the {self.engine} server when engine={self.engine!r}")

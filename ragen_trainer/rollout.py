@@ -629,7 +629,7 @@ def collect_rollouts(
     agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens)
     jobs = rollout_jobs(list(seeds), group_size, group_randomness=group_randomness)
     started = time.perf_counter()
-    bar = _progress_bar(progress, len(jobs), env_id)
+    bar = progress_bar(progress, len(jobs), env_id)
     try:
         episodes = play_episodes(env_id, jobs, agent, env_kwargs=env_kwargs, on_error="raise", progress=bar)
     finally:
@@ -646,12 +646,13 @@ def _plain_messages(messages: list[dict[str, str]]) -> list[dict[str, str]]:
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def _progress_bar(enabled: bool, total: int, env_id: str) -> Any:
+def progress_bar(enabled: bool, total: int, env_id: str, unit: str = "episode") -> Any:
+    """A transient tqdm bar for a rollout (``None`` when not ``enabled``)."""
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=f"rollout {env_id}", unit="episode", leave=False)
+    return tqdm(total=total, desc=f"rollout {env_id}", unit=unit, leave=False)
 
 
 def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = "trajectory") -> list[float]:

@@ -288,6 +288,7 @@ class StarPOTrainer(Trainer):
         self.val_history: list[dict[str, float]] = []
         self._monitor = None
         self._logger = None
+        self._opponents: Any = None  # self-play's OpponentPool, made at the first self-play step
         self._last_logged_step = -1
         self._defer_depth = 0  # > 0 while a save runs with SIGINT / SIGTERM held back
         self._deferred_signals: list[int] = []
@@ -411,14 +412,16 @@ class StarPOTrainer(Trainer):
         if local:
             with unwrap_model_for_generation(model, self.accelerator) as unwrapped:
                 self._sync_engine(unwrapped)
-                batch = collect_rollouts(
-                    self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local], group_size,
-                    env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
-                    group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
-                    progress=self.accelerator.is_main_process,
-                )
+                common = dict(env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
+                              group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
+                              progress=self.accelerator.is_main_process)  # fmt: skip
+                if cfg.opponent_pool:  # self-play: groups 2g + seat (ragen_trainer.selfplay)
+                    batch = self._collect_selfplay(unwrapped, seeds, local, group_size, common)
+                else:
+                    batch = collect_rollouts(self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local],
+                                             group_size, **common)  # fmt: skip
             for t in batch.trajectories:  # local group index -> global group index
-                t.group_id = local[t.group_id]
+                t.group_id = (2 * local[t.group_id // 2] + t.group_id % 2) if cfg.opponent_pool else local[t.group_id]
             trajs, timings = batch.trajectories, dict(batch.timings)
         else:
             with unwrap_model_for_generation(model, self.accelerator) as unwrapped:
@@ -429,6 +432,28 @@ class StarPOTrainer(Trainer):
             trajs = gather_object(trajs)
             trajs.sort(key=lambda t: t.group_id)  # stable: rollouts keep their order inside a group
         return trajs, timings
+
+    def _collect_selfplay(self, unwrapped: Any, seeds: list[int], local: list[int], group_size: int,
+                          common: dict[str, Any]) -> Any:  # fmt: skip
+        """Self-play rollouts of this process's groups: each group's opponent drawn from the pool (the draw covers
+        all groups, so it is the same on every process), a snapshot of the policy taken when one is due."""
+        from ragen_trainer.selfplay import OpponentPool, collect_selfplay_rollouts
+
+        cfg = self.cfg
+        step = self.state.global_step // self.n_updates
+        if self._opponents is None:
+            self._opponents = OpponentPool(cfg.opponent_pool, snapshot_every=cfg.opponent_snapshot_every,
+                                           size=cfg.opponent_pool_size, seed=cfg.seed, tokenizer=self.tokenizer,
+                                           batch_size=cfg.generation_batch_size)  # fmt: skip
+        kinds = self._opponents.kinds(step, len(seeds))
+        self._opponents.observe(step, unwrapped)  # a snapshot of the policy when one is due (``past`` in the pool)
+        past_engine = None
+        if "past" in kinds:
+            past_engine, taken = self._opponents.past_engine(step)
+            self._pending["selfplay/past_snapshot_step"] = float(taken)
+        return collect_selfplay_rollouts(self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local],
+                                         group_size, [kinds[g] for g in local], past_engine=past_engine,
+                                         **common)  # fmt: skip
 
     def _sync_engine(self, unwrapped: Any) -> None:
         """Give the engine the current weights. An in-process engine (hf, vLLM colocate) gets them on every
@@ -443,10 +468,13 @@ class StarPOTrainer(Trainer):
 
     def _rollout_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         from ragen_trainer.monitor import rollout_metrics
+        from ragen_trainer.selfplay import selfplay_metrics
         from ragen_trainer.trajectory import RolloutBatch
 
-        return {k: float(v) for k, v in rollout_metrics(RolloutBatch(trajs), self.tokenizer).items()
-                if isinstance(v, (int, float))}
+        metrics = {k: float(v) for k, v in rollout_metrics(RolloutBatch(trajs), self.tokenizer).items()
+                   if isinstance(v, (int, float))}  # fmt: skip
+        metrics.update(selfplay_metrics(trajs))  # per seat and opponent (empty unless self-play)
+        return metrics
 
     # ------------------------------------------------------------------------------------------ 3. score
     @torch.no_grad()

@@ -54,6 +54,9 @@ class Trajectory:
     eval_only: bool = False
     """``True`` when the replies came from a chat engine (an HTTP API): ``input_ids`` then come from re-tokenising
     the reply text, not from the sampler, so the trajectory is for evaluation, never for training."""
+    tags: dict[str, Any] = field(default_factory=dict)
+    """What else identifies the episode, for metrics: self-play sets ``seat``, ``opponent`` and ``game``
+    (:mod:`ragen_trainer.selfplay`); empty for single-agent rollouts."""
 
     @property
     def reward(self) -> float:

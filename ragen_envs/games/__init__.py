@@ -56,6 +56,11 @@ GAMES: dict[str, GameEntry] = {
 OPPONENT_NAMES: dict[str, tuple[str, ...]] = {name: tuple(entry.env.opponents) for name, entry in GAMES.items()}
 
 
+def game_of(env_id: str) -> str | None:
+    """The game name of a single-agent game id (``"ragen/TicTacToe-v0"`` -> ``"tictactoe"``), ``None`` for other ids."""
+    return next((name for name, entry in GAMES.items() if entry.env_id == env_id), None)
+
+
 def aec_env(game: str | GameCore = "tictactoe", **kwargs: Any) -> AECEnv:
     """A turn-based game as a PettingZoo AEC env (``"tictactoe"``, ``"connect_four"``, ``"negotiation"``).
 
@@ -107,5 +112,6 @@ __all__ = [
     "TicTacToe",
     "TicTacToeEnv",
     "aec_env",
+    "game_of",
     "parallel_env",
 ]

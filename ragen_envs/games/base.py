@@ -65,6 +65,8 @@ class GameCore(ABC):
     seat_labels: ClassVar[tuple[str, str]] = ("Player 1", "Player 2")
     #: Whether both seats move at once (the Parallel API) or in turns (the AEC API).
     simultaneous: ClassVar[bool] = False
+    #: The words :meth:`outcome` returns at the end of a game (per-seat metrics report the rate of each).
+    outcomes: ClassVar[tuple[str, ...]] = ("win", "draw", "loss")
     #: Canonical move names (exact matching under the reference protocol); empty: free-form moves.
     action_names: ClassVar[tuple[str, ...]] = ()
     #: Extra spellings (lower-case) mapped to canonical names, accepted with ``lenient_actions=True``.

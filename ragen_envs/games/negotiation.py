@@ -116,6 +116,7 @@ class Negotiation(GameCore):
 
     name = "negotiation"
     title = "Negotiation"
+    outcomes = ("deal", "no deal")
     seat_labels = ("Player 1", "Player 2")
 
     def __init__(self, turn_cap: int = 10, no_deal_reward: float = 0.0, max_message_chars: int = 300) -> None:

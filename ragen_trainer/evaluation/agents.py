@@ -63,11 +63,7 @@ class Agent:
 # ------------------------------------------------------------------------------------------------------ helpers
 def format_reply(ctx: TurnContext, think: str, actions: list[str]) -> str:
     """A reply in the protocol's format: ``<think>..</think><answer>a1 || a2</answer>`` (no think when it is off)."""
-    protocol = ctx.protocol
-    answer = f" {protocol.action_sep} ".join(actions)
-    if protocol.enable_think:
-        return f"<think>{think}</think><answer>{answer}</answer>"
-    return f"<answer>{answer}</answer>"
+    return ctx.protocol.format_reply(actions, think)
 
 
 def actions_this_turn(ctx: TurnContext) -> int:

@@ -183,7 +183,7 @@ RAGEN_DEVIATIONS: dict[str, dict[str, tuple[Any, str]]] = {
 #: Config fields with no counterpart in the reference.
 RAGEN_ONLY: frozenset[str] = frozenset({
     "output_dir", "engine", "engine_url", "generation_batch_size", "logging_steps", "report_to", "save_steps",
-    "save_total_limit", "resume", "deepspeed",
+    "save_total_limit", "resume", "deepspeed", "opponent_pool", "opponent_snapshot_every", "opponent_pool_size",
 })
 
 #: Config fields whose reference counterpart differs by design (the doc says why); not compared per preset.
