@@ -236,13 +236,23 @@ def run_config(run: Run, args: argparse.Namespace, output_dir: Path) -> Any:
     return load_config(run.preset).replace(**merged_changes(scale, run.changes)).validate()
 
 
+def finished(folder: Path) -> bool:
+    """Whether the run in ``folder`` ended by itself (an interrupted run also writes a summary: it is trained again)."""
+    summary = folder / "summary.json"
+    if not summary.is_file():
+        return False
+    try:
+        return not json.loads(summary.read_text()).get("interrupted", False)
+    except (OSError, ValueError):
+        return False
+
+
 def train(run: Run, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
     """Train ``run`` into ``folder`` (or read it back if it finished before); its metric rows."""
     from ragen_trainer.cli import train_from_config
     from ragen_trainer.monitor import read_metrics
 
-    summary = folder / "summary.json"
-    if not summary.is_file():
+    if not finished(folder):
         cfg = run_config(run, args, folder)
         status = train_from_config(cfg, overwrite=True)
         if status != 0:

@@ -360,7 +360,8 @@ class StarPOTrainer(Trainer):
 
         t0 = time.perf_counter()
         seeds = step_seeds(cfg, step)
-        trajs, timings = self._collect(seeds, cfg.group_size, cfg.temperature, sampling_seed=cfg.seed * 7919 + step)
+        trajs, timings = self._collect(seeds, cfg.group_size, cfg.temperature, sampling_seed=cfg.seed * 7919 + step,
+                                       selfplay=bool(cfg.opponent_pool))  # fmt: skip
         self._timings.update({f"time/{k}": v for k, v in timings.items()})
         self._timings["time/rollout"] = time.perf_counter() - t0
         metrics = self._rollout_metrics(trajs)
@@ -388,9 +389,11 @@ class StarPOTrainer(Trainer):
         return self._mini_batches(batch)
 
     # ------------------------------------------------------------------------------------------ 1. rollout
-    def _collect(self, seeds: list[int], group_size: int, temperature: float, *,
-                 sampling_seed: int) -> tuple[list[Trajectory], dict[str, float]]:
-        """Roll out ``seeds`` x ``group_size``: this process's share of the groups, then gathered everywhere."""
+    def _collect(self, seeds: list[int], group_size: int, temperature: float, *, sampling_seed: int,
+                 selfplay: bool = False) -> tuple[list[Trajectory], dict[str, float]]:
+        """Roll out ``seeds`` x ``group_size``: this process's share of the groups, then gathered everywhere.
+        ``selfplay``: games against the opponent pool (training steps of a self-play run; validation plays the
+        single-agent view)."""
         from trl.models.utils import unwrap_model_for_generation
 
         from ragen_trainer.engines.base import SamplingParams
@@ -415,13 +418,13 @@ class StarPOTrainer(Trainer):
                 common = dict(env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
                               group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
                               progress=self.accelerator.is_main_process)  # fmt: skip
-                if cfg.opponent_pool:  # self-play: groups 2g + seat (ragen_trainer.selfplay)
+                if selfplay:  # groups 2g + seat (ragen_trainer.selfplay)
                     batch = self._collect_selfplay(unwrapped, seeds, local, group_size, common)
                 else:
                     batch = collect_rollouts(self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local],
                                              group_size, **common)  # fmt: skip
             for t in batch.trajectories:  # local group index -> global group index
-                t.group_id = (2 * local[t.group_id // 2] + t.group_id % 2) if cfg.opponent_pool else local[t.group_id]
+                t.group_id = (2 * local[t.group_id // 2] + t.group_id % 2) if selfplay else local[t.group_id]
             trajs, timings = batch.trajectories, dict(batch.timings)
         else:
             with unwrap_model_for_generation(model, self.accelerator) as unwrapped:

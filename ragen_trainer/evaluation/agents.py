@@ -104,10 +104,17 @@ def _random_webshop(view: dict[str, Any], rng: np.random.Generator) -> str:
     return "search[item]"
 
 
+def _random_negotiation(view: dict[str, Any], rng: np.random.Generator) -> str:
+    from ragen_envs.games.negotiation import OPPONENTS  # the game's own random player (stateless)
+
+    return OPPONENTS["random"]().act(view, rng)
+
+
 #: Env family -> random free-form action (envs without a fixed list of action names).
 RANDOM_ACTIONS: dict[str, Callable[[dict[str, Any], np.random.Generator], str]] = {
     "Countdown": _random_countdown,
     "WebShop": _random_webshop,
+    "Negotiation": _random_negotiation,
 }
 
 
@@ -255,12 +262,32 @@ def _oracle_webshop(ctx: TurnContext) -> tuple[str, list[str]]:
 
 
 #: Env family -> oracle policy ``ctx -> (think, actions)``.
+#: Game env family -> the fixed opponent the oracle plays the agent's seat with: the strongest the game has (perfect
+#: play for TicTacToe; rule-based players for the others, which are strong but not optimal, and tit-for-tat for the
+#: Prisoner's Dilemma, which is not a best response to every opponent).
+GAME_ORACLE_OPPONENTS: dict[str, str] = {"TicTacToe": "perfect", "ConnectFour": "rule", "PrisonersDilemma": "tit_for_tat",
+                                         "Negotiation": "rule"}  # fmt: skip
+
+
+def _oracle_game(ctx: TurnContext) -> tuple[str, list[str]]:
+    """A game's strongest fixed opponent (:data:`GAME_ORACLE_OPPONENTS`) playing the agent's seat; one opponent per
+    episode (some remember the game), drawing from a generator seeded by the episode."""
+    base = ctx.env.unwrapped
+    if "oracle" not in ctx.memory:
+        opponent = base.opponents[GAME_ORACLE_OPPONENTS[env_family(ctx.env_id)]]()
+        opponent.reset(base.seat)
+        ctx.memory["oracle"] = (opponent, episode_rng("oracle", ctx.env_name, ctx.seed, ctx.rollout))
+    opponent, rng = ctx.memory["oracle"]
+    return f"{opponent.name or type(opponent).__name__} play.", [opponent.act(base.state_view(), rng)]
+
+
 ORACLES: dict[str, Callable[[TurnContext], tuple[str, list[str]]]] = {
     "Bandit": _oracle_bandit,
     "Countdown": _oracle_countdown,
     "FrozenLake": _oracle_frozen_lake,
     "Sokoban": _oracle_sokoban,
     "WebShop": _oracle_webshop,
+    **dict.fromkeys(GAME_ORACLE_OPPONENTS, _oracle_game),
 }
 
 

@@ -31,7 +31,7 @@ LEADERBOARD_DESCRIPTION = "Merge result files into a Markdown table and a self-c
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``eval`` options to ``parser`` (a subparser of ``ragen-trainer``)."""
     parser.add_argument("--suite", default="paper-v2",
-                        help="suite id (paper-v2, quick-v2, bandit-bare-v2), name (its latest version) or a suite "
+                        help="suite id (paper-v2, quick-v2, bandit-bare-v2, games-v1), name (its latest version) or a suite "
                              "JSON file (default: paper-v2, the paper's validation protocol)")  # fmt: skip
     parser.add_argument("--agent", choices=("model", "random", "oracle"), default="model",
                         help="what to evaluate: a model (default), or a reference agent: random (floor) or oracle "

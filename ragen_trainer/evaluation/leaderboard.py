@@ -10,7 +10,13 @@ page needs no network (no CDN, no fonts): it holds
 * a sortable table per suite (click a column header; numbers sort numerically),
 * a bar chart per env (inline SVG) of every agent's success rate with 95% error bars (+-1.96 standard errors),
 * a trajectory viewer that replays saved episodes turn by turn (step, play, pause), drawing the grid envs
-  (Sokoban, FrozenLake) as pictures on a canvas from the text grids the result files keep for every turn.
+  (Sokoban, FrozenLake) as pictures on a canvas from the text grids the result files keep for every turn, and
+  showing the text games' boards (TicTacToe, ...) as text, with each turn's move, the opponent's answer and the
+  game's outcome.
+
+Suites with text games (``games-v1``) get one more table per suite, in Markdown and HTML: per game env and agent the
+opponent and seat, the outcome rates (win / draw / loss, deal / no deal) ± standard errors and the game's mean score
+(:func:`game_rows`; only where a summary has them, so other suites' tables are unchanged).
 
 Result files are checked against the result schema (:mod:`ragen_trainer.evaluation.schema`) as they are read: a file
 that is not JSON, not a result, or fails the schema (a NaN or an out-of-range value, a score that is not the mean of
@@ -28,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ragen_trainer.evaluation.metrics import env_family, partial_credit
+from ragen_trainer.evaluation.metrics import env_family, episode_outcome, game_outcomes, outcome_rates, partial_credit
 from ragen_trainer.evaluation.runner import load_result
 from ragen_trainer.evaluation.schema import ResultFileError, ResultFileWarning
 from ragen_trainer.fileio import atomic_write_text
@@ -235,6 +241,15 @@ def markdown_table(board: list[dict[str, Any]]) -> str:
             + (f" Generalisation splits: {', '.join(general)}." if general else "")
             + "\n"
         )
+        words, games = game_rows(group)
+        if games:
+            out.append(GAMES_NOTE + "\n")
+            head = ["agent", "env", "opponent", "seat", *(f"{w} %" for w in words), "score %", "no outcome"]
+            out.append("| " + " | ".join(head) + " |")
+            out.append("|" + "|".join([":---"] * 4 + ["---:"] * (len(head) - 4)) + "|")
+            for game in games:
+                out.append("| " + " | ".join(_game_cells(game, words)) + " |")
+            out.append("")
     return "\n".join(out)
 
 
@@ -280,6 +295,63 @@ def _env_meta(suite: dict[str, Any], env: str) -> dict[str, Any]:
         if entry.get("name") == env:
             return entry
     return {}
+
+
+#: What the games table shows (Markdown and HTML).
+GAMES_NOTE = (
+    "Games: outcome % ± standard error over initial states, per env (game, opponent, seat) and agent; an episode that "
+    "ended without an outcome (out of turns -- the forfeit -- or an error) counts as a loss (no deal), and `no outcome` "
+    "says how many did. score: the game's own mean score % (its rewards, format penalties excluded) ± standard error."
+)
+
+
+def game_rows(group: dict[str, Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The text games of a table: ``(outcome words in order, rows)``, a row per game env and agent (``agent``,
+    ``env``, ``opponent`` and ``seat`` from the suite's ``env_kwargs``, ``rates``: word -> (rate, se), ``score``,
+    ``score_se``, ``no_outcome``); ``([], [])`` when no env of the table is a game."""
+    words: list[str] = []
+    rows: list[dict[str, Any]] = []
+    for env in group["envs"]:
+        kwargs = _env_meta(group["suite"], env).get("env_kwargs") or {}
+        for row in group["rows"]:
+            s = row["envs"].get(env)
+            rates = outcome_rates(s) if s else []
+            if not rates:
+                continue
+            words.extend(w for w, _, _ in rates if w not in words)
+            rows.append({"agent": row["label"], "env": env, "opponent": str(kwargs.get("opponent", "default")),
+                         "seat": str(kwargs.get("seat", "seed % 2")), "rates": {w: (r, se) for w, r, se in rates},
+                         "score": s.get("mean_score"), "score_se": s.get("mean_score_se"),
+                         "no_outcome": s.get("no_outcome")})  # fmt: skip
+    return words, rows
+
+
+def _game_cells(game: dict[str, Any], words: list[str]) -> list[str]:
+    """The cells (text) of a games-table row, for Markdown and HTML alike."""
+    cells = [game[k] for k in ("agent", "env", "opponent", "seat")]
+    cells += [_pct(*game["rates"].get(word, (None, None))) for word in words]
+    cells.append(_pct(game["score"], game["score_se"]))
+    cells.append("-" if game["no_outcome"] is None else str(game["no_outcome"]))
+    return cells
+
+
+def _games_table(group: dict[str, Any]) -> str:
+    """The games table of a suite (:func:`game_rows`) as HTML; ``""`` when the suite has no game env."""
+    words, games = game_rows(group)
+    if not games:
+        return ""
+    head = ["agent", "env", "opponent", "seat", *(f"{w} %" for w in words), "score %", "no outcome"]
+    cells = "".join(f"<th>{html.escape(name)}</th>" for name in head)
+    rows = "".join(
+        f'<tr data-env="{html.escape(game["env"])}">'
+        + "".join(f"<td>{html.escape(text)}</td>" for text in _game_cells(game, words))
+        + "</tr>"
+        for game in games
+    )
+    return (
+        f'<p class="muted">{html.escape(GAMES_NOTE)}</p><div class="tablewrap">'
+        f'<table class="board games-table"><thead><tr>{cells}</tr></thead><tbody>{rows}</tbody></table></div>'
+    )
 
 
 def _html_table(index: int, group: dict[str, Any]) -> str:
@@ -359,6 +431,23 @@ def _cut(text: Any) -> Any:
     return text
 
 
+def _add_game_replay(record: dict[str, Any], episode: dict[str, Any]) -> None:
+    """Add what the viewer shows of a text game to an episode's replay ``record`` (nothing for other envs): ``game``
+    (the agent's seat, the opponent, the outcome and the game's outcome words) and per turn the agent's ``move``, the
+    ``opponent_moves`` answering it and the ``outcome`` (``None`` while the game goes on), from the turns' env info."""
+    words = game_outcomes(episode.get("env_id", ""))
+    if not words:
+        return
+    turns = episode.get("turns") or []
+    extras = [t.get("info_extra") if isinstance(t.get("info_extra"), dict) else {} for t in turns]
+    first = episode.get("reset_info") if isinstance(episode.get("reset_info"), dict) else {}
+    record["game"] = {"seat": first.get("seat"), "opponent": first.get("opponent"),
+                      "outcome": episode_outcome(episode), "words": list(words)}  # fmt: skip
+    for turn, extra in zip(record["turns"], extras):
+        turn.update(move=extra.get("move"), opponent_moves=extra.get("opponent_moves") or [],
+                    outcome=extra.get("outcome"))  # fmt: skip
+
+
 def replay_data(results: Sequence[dict[str, Any]], labels: Sequence[str], per_env: int) -> list[dict[str, Any]]:
     """The episodes the viewer replays: the first ``per_env`` episodes of every env of every run, texts cut."""
     runs = []
@@ -394,6 +483,7 @@ def replay_data(results: Sequence[dict[str, Any]], labels: Sequence[str], per_en
                     ],
                 }
             )
+            _add_game_replay(bucket[-1], episode)
         runs.append({"label": label, "suite": result["suite"]["id"], "agent": result["agent"], "envs": envs})
     return runs
 
@@ -468,7 +558,7 @@ function fillEpisodes(){
   epSel.innerHTML = ""; var run = RUNS[+runSel.value]; if (!run) return;
   (run.envs[envSel.value] || []).forEach(function(ep, i){
     option(epSel, i, "seed " + ep.seed + (ep.rollout ? " #" + ep.rollout : "") + (ep.success ? " ✓ success" : " ✗") +
-      " (reward " + ep.reward + ")");
+      (ep.game ? " " + (ep.game.outcome || "no outcome") : "") + " (reward " + ep.reward + ")");
   });
   load();
 }
@@ -492,6 +582,10 @@ function drawShape(ctx, kind, x, y, t){
     ctx.moveTo(x + 0.8 * t, y + 0.2 * t); ctx.lineTo(x + 0.2 * t, y + 0.8 * t); ctx.stroke(); }
   else if (kind === "player_on_goal") disc("#2f6fd0", 0.3);
 }
+function showText(text, legendName){  // a state without a grid legend (the text games' boards): shown as text
+  var pre = document.getElementById("state-text"), shown = !!text && !legendName;
+  pre.style.display = shown ? "" : "none"; pre.textContent = shown ? text : "";
+}
 function drawGrid(text, legendName){
   var ctx = canvas.getContext("2d");
   if (!text || !legendName) { canvas.width = 1; canvas.height = 1; canvas.style.display = "none"; return; }
@@ -510,11 +604,11 @@ function drawGrid(text, legendName){
 function show(){
   var ep = state.episode, label = document.getElementById("step-label");
   var detail = document.getElementById("turn-detail"), prompt = document.getElementById("prompt-text");
-  if (!ep) { label.textContent = "no episode"; detail.innerHTML = ""; prompt.textContent = ""; drawGrid(null, null); return; }
+  if (!ep) { label.textContent = "no episode"; detail.innerHTML = ""; prompt.textContent = ""; drawGrid(null, null); showText(null, null); return; }
   var n = ep.turns.length, s = state.step;
   label.textContent = "step " + s + " / " + n;
   var grid = s === 0 ? ep.initial_state : ep.turns[s - 1].state;
-  drawGrid(grid, ep.legend);
+  drawGrid(grid, ep.legend); showText(grid, ep.legend);
   prompt.textContent = s === 0 ? ep.system_prompt + "\n\n" + ep.observation : ep.turns[s - 1].observation;
   detail.innerHTML = "";
   function line(name, value, cls){ var p = document.createElement("div"); var b = document.createElement("b"); b.textContent = name + ": ";
@@ -522,11 +616,21 @@ function show(){
   if (s === 0) {
     line("episode", "seed " + ep.seed + ", " + n + " turn(s), reward " + ep.reward + ", partial credit " + ep.partial);
     line("outcome", ep.success ? "success" : "no success", ep.success ? "ok" : "bad");
+    if (ep.game) {
+      var g = ep.game, words = g.words, result = g.outcome || ("none: counted as " + words[words.length - 1]);
+      line("game", "playing " + g.seat + " against the " + g.opponent + " opponent");
+      line("result", result, g.outcome === words[0] ? "ok" : (g.outcome === null || g.outcome === words[words.length - 1]) ? "bad" : "");
+    }
     if (ep.error) line("error", ep.error, "bad");
   } else {
     var t = ep.turns[s - 1];
     line("turn", s); line("actions", t.actions.join(" || ") || "(none)"); line("reward", t.reward);
     line("success", t.success ? "yes" : "no", t.success ? "ok" : "bad");
+    if (ep.game) {
+      line("move", t.move || "(none: the turn was invalid)");
+      line("opponent's answer", t.opponent_moves.join(", ") || "(none)");
+      if (t.outcome) line("game over", t.outcome);
+    }
     if (t.reason) line("penalty reason", t.reason, "bad");
     var pre = document.createElement("pre"); pre.className = "reply"; pre.textContent = t.reply; detail.appendChild(pre);
   }
@@ -575,6 +679,7 @@ def render_html(
                     f'<p class="muted">{html.escape(generation_summary(group))}</p>')  # fmt: skip
         body.append(_html_table(index, group))
         body.append(_details_table(group))
+        body.append(_games_table(group))
         body.append('<div class="charts">')
         for env in group["envs"]:
             body.append(f'<figure class="chart" data-env="{html.escape(env)}">{_svg_chart(env, group["rows"])}'
@@ -588,6 +693,7 @@ def render_html(
         '<button id="prev">◀ prev</button><button id="play">▶ replay</button><button id="next">next ▶</button>'
         '<span id="step-label"></span></div>'
         '<div class="panes"><canvas id="grid-canvas" width="1" height="1"></canvas>'
+        '<pre id="state-text" style="display:none"></pre>'
         '<div><div id="turn-detail"></div><h3>prompt</h3><pre id="prompt-text"></pre></div></div></section>'
     )
     data = replay_data(results, labels, replays_per_env)

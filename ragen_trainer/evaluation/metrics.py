@@ -20,6 +20,14 @@ Definitions (also in ``docs/leaderboard.md``)
 * **overall score**: the unweighted mean of the per-env success rates, in percent (each env counts once, whatever its
   number of episodes); its standard error is ``sqrt(sum(se_i^2)) / number of envs`` (the envs are independent).
   ``overall_partial`` is the same mean over partial credit.
+* **game outcomes** (the text games of :mod:`ragen_envs.games`, by env family: :data:`GAME_OUTCOMES`): the share of
+  episodes whose final turn's ``info["outcome"]`` is each of the game's outcome words (``win_rate``, ``draw_rate``,
+  ``loss_rate`` for TicTacToe, ConnectFour and the Prisoner's Dilemma, whose outcome compares the two totals;
+  ``deal_rate``, ``no_deal_rate`` for the negotiation), each with the clustered standard error of success. An episode
+  that ended without an outcome (truncated by the turn budget, the single-agent views' forfeit, or cut by an agent or
+  env error) counts as the game's worst word (a loss, no deal) -- only the game itself can report a win -- and
+  ``no_outcome`` says how many did. ``mean_score`` (± ``mean_score_se``) is the mean of the game's own ``score`` of
+  the seat after the last turn (the sum of its game rewards, format penalties excluded; 0 without a turn).
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
+
+from ragen_envs.games import GAMES
 
 
 # ---------------------------------------------------------------------------------------------------- estimators
@@ -120,6 +130,73 @@ def partial_credit(episode: dict[str, Any]) -> float:
     return float(min(1.0, max(0.0, value)))
 
 
+# ---------------------------------------------------------------------------------------------------- game outcomes
+#: Game env family (``"TicTacToe"``) -> the words its final ``info["outcome"]`` takes, best first: the game core's
+#: ``outcomes``, what its ``outcome()`` returns. The last word is also what an episode that ended without one counts as
+#: (see the module docstring).
+GAME_OUTCOMES: dict[str, tuple[str, ...]] = {
+    env_family(entry.env_id): tuple(entry.core.outcomes) for entry in GAMES.values()
+}
+
+
+def outcome_rate_key(word: str) -> str:
+    """The summary key of an outcome word's rate: ``"win"`` -> ``"win_rate"``, ``"no deal"`` -> ``"no_deal_rate"``
+    (its standard error: the key + ``"_se"``)."""
+    return word.replace(" ", "_") + "_rate"
+
+
+def game_outcomes(env_id: str) -> tuple[str, ...] | None:
+    """The outcome words of a game env (:data:`GAME_OUTCOMES`), ``None`` for an env that is not a game."""
+    return GAME_OUTCOMES.get(env_family(env_id))
+
+
+def outcome_rates(env_summary: dict[str, Any]) -> list[tuple[str, float, float | None]]:
+    """``[(word, rate, standard error)]`` of a game env's summary, its game's words in order; ``[]`` for other envs
+    (what the tables show: only where a summary has them, so other envs' tables stay as they were)."""
+    for words in dict.fromkeys(GAME_OUTCOMES.values()):
+        keys = [outcome_rate_key(w) for w in words]
+        if all(env_summary.get(k) is not None for k in keys):
+            return [(w, float(env_summary[k]), env_summary.get(k + "_se")) for w, k in zip(words, keys)]
+    return []
+
+
+def _final_extra(episode: dict[str, Any]) -> dict[str, Any]:
+    turns = episode.get("turns") or []
+    extra = turns[-1].get("info_extra") if turns else None
+    return extra if isinstance(extra, dict) else {}
+
+
+def episode_outcome(episode: dict[str, Any]) -> str | None:
+    """The game's outcome word after the episode's last turn (``info["outcome"]``), ``None`` when it has none."""
+    outcome = _final_extra(episode).get("outcome")
+    return outcome if isinstance(outcome, str) else None
+
+
+def episode_game_score(episode: dict[str, Any]) -> float:
+    """The game's own score of the seat after the last turn (``info["score"]``; format penalties are not in it)."""
+    score = _final_extra(episode).get("score")
+    return float(score) if isinstance(score, (int, float)) and not isinstance(score, bool) else 0.0
+
+
+def summarize_game(episodes: list[dict[str, Any]], words: Sequence[str]) -> dict[str, Any]:
+    """Outcome rates (± clustered standard errors), ``no_outcome`` and the mean game score of one game env's episodes.
+
+    The rates of ``words`` sum to 1: an episode without one of them counts as the last (worst) word.
+    """
+    states = [int(e["seed"]) for e in episodes]
+    outcomes = [episode_outcome(e) for e in episodes]
+    counted = [o if o in words else words[-1] for o in outcomes]
+    summary: dict[str, Any] = {}
+    for word in words:
+        key = outcome_rate_key(word)
+        summary[key], summary[key + "_se"] = clustered_mean_and_se([float(o == word) for o in counted], states)
+    summary["no_outcome"] = sum(1 for o in outcomes if o not in words)
+    summary["mean_score"], summary["mean_score_se"] = clustered_mean_and_se(
+        [episode_game_score(e) for e in episodes], states
+    )
+    return summary
+
+
 # ---------------------------------------------------------------------------------------------------- per episode
 def episode_success(episode: dict[str, Any]) -> bool:
     """Success as the env reported it after the last turn (never inferred from the reward)."""
@@ -180,6 +257,9 @@ def summarize_env(episodes: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_think_words": float(np.mean([_think_words(t) for t in turns])) if turns else None,
         "errors": sum(1 for e in episodes if e.get("error")),
     }
+    words = game_outcomes(episodes[0].get("env_id", "")) if episodes else None
+    if words:  # only game envs: the summaries of every other env keep exactly their keys
+        summary.update(summarize_game(episodes, words))
     # pass@k needs the same number of rollouts n > 1 for every state.
     if len(rollouts) == 1 and rollouts[0] > 1:
         n = rollouts[0]

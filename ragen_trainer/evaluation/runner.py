@@ -23,7 +23,8 @@ that re-scoring the episodes reproduces); :func:`load_result` checks the same sc
 
 An episode record: ``env, env_id, state_index, seed, rollout, system_prompt, observation`` (the first prompt),
 ``reset_info`` (the env's extra reset info, e.g. Sokoban's ``optimal_moves``), ``initial_state`` and per-turn
-``state`` (the env's text state, for grid envs: the leaderboard draws them), ``turns``
+``state`` (:func:`state_record`: the text grid of a grid env, the whole board of a text game; the leaderboard's
+viewer replays them), ``turns``
 (``reply, reply_tokens, think, actions, reward, reward_parts, format_ok, action_is_valid, invalid_actions,
 dropped_actions, success, reason, observation, info_extra``), ``success, reward, terminated, truncated, final_view,
 error``. Success is the env's own flag after the last turn, never inferred from the reward.
@@ -45,8 +46,9 @@ import numpy as np
 
 import ragen_envs
 from ragen_envs.driver import EnvSlots, Episode, EpisodeJob, Turn, env_extras, play_episodes
+from ragen_envs.games.view import GameEnv
 from ragen_trainer.evaluation.agents import Agent
-from ragen_trainer.evaluation.metrics import summarize
+from ragen_trainer.evaluation.metrics import outcome_rates, summarize
 from ragen_trainer.evaluation.schema import (
     CHECKPOINT_FORMAT,
     RESULT_FORMAT,
@@ -103,6 +105,27 @@ def package_versions(include_ml: bool = False) -> dict[str, str]:
 
 def is_grid_env(env: gym.Env) -> bool:
     return "rgb_array" in (getattr(env.unwrapped, "metadata", {}) or {}).get("render_modes", [])
+
+
+def is_game_env(env: gym.Env) -> bool:
+    """A text game's single-agent view (``ragen/TicTacToe-v0``, ...; :mod:`ragen_envs.games`)."""
+    return isinstance(env.unwrapped, GameEnv)
+
+
+def state_record(env: gym.Env | None) -> str | None:
+    """The state a result keeps per turn, for the leaderboard's replays; ``None`` for envs whose observation says all.
+
+    Grid envs: the text grid (the page draws it). Text games: the whole board as a spectator sees it (the core's
+    ``render()``: the opponent's moves included, and in the negotiation both seats' private values, which the
+    seat's own observation hides).
+    """
+    if env is None:
+        return None
+    if is_grid_env(env):
+        return env.unwrapped.state_text()
+    if is_game_env(env):
+        return env.unwrapped.core.render()
+    return None
 
 
 def _turn_record(turn: Turn, state: str | None) -> dict[str, Any]:
@@ -180,8 +203,7 @@ def run_env(
     records: dict[int, dict[str, Any]] = {}  # id(episode) -> record (streaming agents end episodes out of order)
 
     def on_step(episode: Episode, _turn: Turn) -> None:
-        grid = episode.env is not None and is_grid_env(episode.env)
-        states.setdefault(id(episode), []).append(episode.env.unwrapped.state_text() if grid else None)
+        states.setdefault(id(episode), []).append(state_record(episode.env))
 
     def on_batch_end(batch: list[Episode]) -> None:
         for episode in batch:
@@ -192,9 +214,8 @@ def run_env(
             records[id(episode)] = _episode_record(entry, episode, states.pop(id(episode), []),
                                                    initial.pop(id(episode), None), final_view)
 
-    def on_reset(episode: Episode) -> None:  # the leaderboard draws the initial grid
-        grid = episode.env is not None and is_grid_env(episode.env)
-        initial[id(episode)] = episode.env.unwrapped.state_text() if grid else None
+    def on_reset(episode: Episode) -> None:  # the leaderboard draws the initial grid (or board)
+        initial[id(episode)] = state_record(episode.env)
 
     with _make_slots(entry) as slots:
         episodes = play_episodes(entry.env_id, jobs, agent, env_name=entry.name, batch_size=batch_size, envs=slots,
@@ -349,7 +370,10 @@ def without_timings(result: dict[str, Any]) -> dict[str, Any]:
 def summary_lines(result: dict[str, Any]) -> Iterable[str]:
     """A plain-text table of a result's summary (printed at the end of ``ragen-trainer eval``)."""
     envs = result["summary"]["envs"]
-    header = f"{'env':<18}{'episodes':>9}{'success %':>16}{'partial %':>11}{'reward':>9}{'invalid %':>10}{'turns':>7}"
+    width = max([18, *(len(name) + 2 for name in envs)])  # the games suite's names are longer than 16 characters
+    header = (
+        f"{'env':<{width}}{'episodes':>9}{'success %':>16}{'partial %':>11}{'reward':>9}{'invalid %':>10}{'turns':>7}"
+    )
     yield header
     yield "-" * len(header)
 
@@ -359,9 +383,16 @@ def summary_lines(result: dict[str, Any]) -> Iterable[str]:
     for name, s in envs.items():
         se = "" if s["success_rate_se"] is None else f" ± {100 * s['success_rate_se']:.1f}"
         yield (
-            f"{name:<18}{s['episodes']:>9}{pct(s['success_rate']) + se:>16}{pct(s['partial_credit']):>11}"
+            f"{name:<{width}}{s['episodes']:>9}{pct(s['success_rate']) + se:>16}{pct(s['partial_credit']):>11}"
             f"{s['mean_reward']:>9.3f}{pct(s['invalid_action_rate']):>10}{s['mean_turns']:>7.2f}"
         )
+    games = [(name, outcome_rates(s), s) for name, s in envs.items() if outcome_rates(s)]
+    if games:
+        yield "-" * len(header)
+        yield "games: outcome % ± standard error (an episode without an outcome counts as a loss / no deal), game score"
+        for name, rates, s in games:
+            cells = [f"{word} {pct(rate)}" + ("" if se is None else f" ± {100 * se:.1f}") for word, rate, se in rates]
+            yield f"{name:<{width}}" + "  ".join(cells) + f"  score {s['mean_score']:.3f}"
     overall = result["summary"]["overall"]
     score = "-" if overall["score"] is None else f"{overall['score']:.1f}"
     if overall.get("score_se") is not None:

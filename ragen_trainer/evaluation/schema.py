@@ -6,14 +6,15 @@ schema checks, in this order:
 1. **the file**: UTF-8 JSON holding one object whose ``format`` is ``"ragen-eval-result"`` and ``format_version`` 1;
 2. **every field**: its type (strict: ``"95"`` is not a number, ``1.0`` is not a count, ``true`` is not a rate),
    that every number anywhere in the file is finite (no ``NaN``, ``Infinity``, nor ``1e999``, which JSON readers turn
-   into infinity), and ranges: rates (success, partial credit, invalid actions, pass@k) in ``[0, 1]``, the score and
-   partial score in ``[0, 100]``, counts and standard errors ``>= 0``;
+   into infinity), and ranges: rates (success, partial credit, invalid actions, pass@k, the games' win / draw / loss
+   and deal rates) in ``[0, 1]``, the score and partial score in ``[0, 100]``, counts and standard errors ``>= 0``;
 3. **consistency** (``consistency=True``, the default): the score is the mean of the per-env success rates it claims
    (x 100), episode counts match the ``episodes`` list and the suite definition (seeds x rollouts per env, each
    (seed, rollout) once), the suite ``hash`` is that of its definition, every episode's ``success`` and ``reward``
-   are those of its turns (and a turn's reward the sum of its ``reward_parts``), and the stored
-   ``summary`` is what re-scoring the episodes gives (:func:`ragen_trainer.evaluation.metrics.summarize`; metrics
-   newer than the file, absent from its summary, are not required).
+   are those of its turns (and a turn's reward the sum of its ``reward_parts``), a game env's outcome rates come
+   together and sum to 1, and the stored ``summary`` is what re-scoring the episodes gives
+   (:func:`ragen_trainer.evaluation.metrics.summarize`; metrics newer than the file, absent from its summary, are not
+   required).
 
 A problem is reported as ``(path inside the JSON, what is wrong)``, e.g. ``("summary.overall.score", "Input should be a
 finite number (got nan)")``; :class:`ResultFileError` carries them with the file's name.
@@ -202,6 +203,20 @@ class EnvSummary(_Record):
     mean_think_words: NonNegative | None = None
     errors: Count = 0
     pass_at_k: dict[str, Rate] | None = None
+    # Game envs only (metrics.GAME_OUTCOMES): one rate per outcome word of the game, the game's mean score.
+    win_rate: Rate | None = None
+    win_rate_se: RateSE | None = None
+    draw_rate: Rate | None = None
+    draw_rate_se: RateSE | None = None
+    loss_rate: Rate | None = None
+    loss_rate_se: RateSE | None = None
+    deal_rate: Rate | None = None
+    deal_rate_se: RateSE | None = None
+    no_deal_rate: Rate | None = None
+    no_deal_rate_se: RateSE | None = None
+    no_outcome: Count | None = None
+    mean_score: Finite | None = None
+    mean_score_se: NonNegative | None = None
 
     @model_validator(mode="after")
     def _coherent(self, info: ValidationInfo) -> EnvSummary:
@@ -212,6 +227,9 @@ class EnvSummary(_Record):
             problems.append(_problem(["states"], f"{self.states} states but only {self.episodes} episodes"))
         if self.errors > self.episodes:
             problems.append(_problem(["errors"], f"{self.errors} errors but only {self.episodes} episodes"))
+        if self.no_outcome is not None and self.no_outcome > self.episodes:
+            problems.append(_problem(["no_outcome"], f"{self.no_outcome} but only {self.episodes} episodes"))
+        problems.extend(self._outcome_problems())
         if (self.success_rate is None) != (self.episodes == 0):
             problems.append(_problem(["success_rate"], f"{self.success_rate!r} with {self.episodes} episodes"))
         for k in self.pass_at_k or {}:
@@ -219,6 +237,24 @@ class EnvSummary(_Record):
                 problems.append(_problem(["pass_at_k", k], "the key must be a k >= 1"))
         _raise(problems)
         return self
+
+    def _outcome_problems(self) -> list[tuple[list[str | int], str]]:
+        """A game's outcome rates come all together and sum to 1 (every episode counts as exactly one outcome)."""
+        from ragen_trainer.evaluation.metrics import GAME_OUTCOMES, outcome_rate_key
+
+        problems = []
+        for words in dict.fromkeys(GAME_OUTCOMES.values()):
+            keys = [outcome_rate_key(w) for w in words]
+            rates = {k: getattr(self, k, None) for k in keys if getattr(self, k, None) is not None}
+            if not rates:
+                continue
+            if len(rates) < len(keys):
+                missing = [k for k in keys if k not in rates]
+                message = f"comes without {missing} (a game reports all of {keys})"
+                problems.append(_problem([next(iter(rates))], message))
+            elif not _close(sum(rates.values()), 1.0):
+                problems.append(_problem([keys[0]], f"the outcome rates {keys} sum to {sum(rates.values())!r}, not 1"))
+        return problems
 
 
 class OverallSummary(_Record):

@@ -154,3 +154,16 @@ def test_each_experiment_has_its_own_cpu_scale_and_the_command_line_wins(reprodu
         assert [getattr(args, k) for k in scale] == [4, 6, 3, 8]
     given = reproduce.parse_args(["reasoning", "--groups", "8", "--steps", "15", "--val-every", "5"])
     assert [getattr(given, k) for k in scale] == [8, 15, 5, 8]
+
+
+def test_an_interrupted_run_is_trained_again_and_a_finished_one_read_back(reproduce, tmp_path):
+    # The trainer writes summary.json on Ctrl-C / SIGTERM too; only a run that ended by itself counts as done.
+    folder = tmp_path / "run"
+    assert not reproduce.finished(folder)
+    folder.mkdir()
+    (folder / "summary.json").write_text(json.dumps({"steps": 1, "interrupted": True}))
+    assert not reproduce.finished(folder)
+    (folder / "summary.json").write_text(json.dumps({"steps": 6, "interrupted": False}))
+    assert reproduce.finished(folder)
+    (folder / "summary.json").write_text("{not json")
+    assert not reproduce.finished(folder)

@@ -111,13 +111,21 @@ def small_selfplay_config(tmp_path, **changes):
     return load_config("starpo-s").replace(**base).validate()
 
 
-def test_short_selfplay_run_updates_the_policy_and_logs_per_seat_metrics(tmp_path, tiny_tokenizer):
+def test_short_selfplay_run_updates_the_policy_and_logs_per_seat_metrics(tmp_path, tiny_tokenizer, monkeypatch):
+    import ragen_trainer.selfplay as selfplay
+
+    calls = []
+    real = selfplay.collect_selfplay_rollouts
+    monkeypatch.setattr(selfplay, "collect_selfplay_rollouts", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
     model = build_tiny_model(tiny_tokenizer)
     before = params_of(model)
-    cfg = small_selfplay_config(tmp_path, val_every=1, val_groups=2)
+    cfg = small_selfplay_config(tmp_path, val_every=1, val_groups=3)
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=ScriptedEngine(tiny_tokenizer, legal_tictactoe_move))
     result = trainer.train()
     assert result.global_step == 2
+    # Training steps play self-play games; validation plays the single-agent view (not through self-play).
+    assert len(calls) == 2 and all(len(seeds) == cfg.env_groups for seeds in calls)
+    assert len(trainer.val_history) >= 2
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert len(rows) == 2
     kinds = set()
