@@ -101,6 +101,8 @@ def test_plausible_replies_play_real_games():
     env = _plausible(aec_env("tictactoe"), "tictactoe")
     for seed in range(30):
         env.reset(seed=seed)
+        for i, agent in enumerate(env.possible_agents):  # seeded replies: the same games in every run and order
+            env.action_space(agent).seed(100 * seed + i)
         for agent in env.agent_iter():
             _, _, terminated, truncated, info = env.last()
             if terminated or truncated:
