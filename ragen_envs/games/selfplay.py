@@ -160,11 +160,8 @@ def play_games(
             for live in batch:
                 for agent in live.matchup.agents:
                     agents.setdefault(id(agent), _SeatAgent(agent))
-            _play(batch, agents)
-            for live in batch:
-                records.append(live.record())
-                if progress is not None:
-                    progress.update(1)
+            _play(batch, agents, progress)
+            records.extend(live.record() for live in batch)
     finally:
         for agent in agents.values():
             agent.finish()
@@ -333,8 +330,9 @@ class _LiveGame:
                           (core.score(0), core.score(1)), outcomes)  # fmt: skip
 
 
-def _play(games: list[_LiveGame], agents: dict[int, _SeatAgent]) -> None:
-    """The loop: ask every seat to move, step the games whose movers have replied, poll the agents otherwise."""
+def _play(games: list[_LiveGame], agents: dict[int, _SeatAgent], progress: Any) -> None:
+    """The loop: ask every seat to move, step the games whose movers have replied, poll the agents otherwise;
+    ``progress`` advances by one as each game ends."""
     waiting: dict[int, tuple[_LiveGame, int]] = {}  # id(seat episode) -> its game and seat
     while True:
         live = [g for g in games if not g.over]
@@ -362,6 +360,8 @@ def _play(games: list[_LiveGame], agents: dict[int, _SeatAgent]) -> None:
                 if game.over:
                     for seat, episode in enumerate(game.seats):
                         agents[id(game.matchup.agents[seat])].release(episode)
+                    if progress is not None:
+                        progress.update(1)
         if progressed:
             continue
         busy = [a for a in agents.values() if a.pending()]

@@ -110,6 +110,19 @@ def test_fuzzed_replies_never_raise_and_every_game_ends(game, texts, seed):
         assert all(0.0 <= s <= 1.0 for s in record.scores)
 
 
+def test_progress_advances_once_per_finished_game():
+    class Bar:
+        n = 0
+
+        def update(self, k):
+            self.n += k
+
+    bar, rnd = Bar(), fixed("connect_four", "random")
+    play_games("connect_four", rollout_jobs([0, 1], 3), lambda job: Matchup((rnd, rnd), (True, True), "x"),
+               batch_size=4, progress=bar)  # fmt: skip
+    assert bar.n == 6
+
+
 def test_fixed_opponents_share_the_groups_randomness_unless_independent():
     game = "tictactoe"
     rnd = fixed(game, "random")
