@@ -54,8 +54,11 @@ mini-batches of a quarter of the batch as the reference's 32 of 128) make it abo
 (measured: 65 minutes for five of its six runs; ``ppo-keep-0.75``, 3 updates a step, about 2 to 4 minutes a step).
 The two FrozenLake experiments play five-turn episodes with longer replies, so their defaults are smaller
 (:data:`_MULTI_TURN_SCALE`: 4 initial states x 4 rollouts, 6 steps, validation on 8 states every 3 steps):
-``reasoning`` took about 50 minutes (measured: 17-18 minutes a run), ``rollout-shape`` is estimated at 1 to 1.5 hours; their reply budgets are the smallest that fit a short thought and an answer (64) or seven actions
-(32). All of it was fixed before any result was seen and is the same for every run of an experiment; nothing here is
+``reasoning`` took about 50 minutes (measured: 17-18 minutes a run); ``rollout-shape`` takes 12-16 minutes per
+``actions-k`` run and about 8 for ``stale-3x`` (measured), so all eight runs take about 1.8 hours and the documented
+subset (``--only actions-1 actions-3 actions-5 actions-7 stale-3x``) about an hour. Their reply budgets are the smallest
+that fit a short thought and an answer (64) or seven actions (32). A run uses up to ~15 GB of memory: run one
+experiment at a time. All of it was fixed before any result was seen and is the same for every run of an experiment; nothing here is
 tuned toward the paper's curves. ``--groups``, ``--steps``, ``--val-every`` and ``--val-groups`` change the scale.
 """
 
