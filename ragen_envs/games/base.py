@@ -170,24 +170,93 @@ class GameCore(ABC):
 
 
 class WinDrawLossGame(GameCore):
-    """A game that ends in a win for one seat or a draw: it scores :data:`WIN`, :data:`DRAW` and :data:`LOSS` at the
-    end and 0 before (tic-tac-toe, Connect Four).
+    """A board game of alternating moves that ends in a win for one seat or a draw: it scores :data:`WIN`,
+    :data:`DRAW` and :data:`LOSS` at the end and 0 before (tic-tac-toe, Connect Four).
 
-    It keeps the result: :attr:`finished`, :attr:`winner` (the winning seat; ``None`` for a draw and while the game
-    goes on) and :attr:`forfeited`. Subclasses end a game with :meth:`_finish`, and extend :meth:`reset` (calling it
-    first) to set up their own state; a forfeit is a loss for the forfeiting seat and a win for the other.
+    It keeps whose turn it is (:attr:`turn`, seat 0 first), each seat's :attr:`last_move` (an index, or ``None``) and
+    the result: :attr:`finished`, :attr:`winner` (the winning seat; ``None`` for a draw and while the game goes on) and
+    :attr:`forfeited`. Subclasses end a game with :meth:`_finish`, extend :meth:`reset` (calling it first) to set up
+    their board, and write the board-specific text through four small hooks: :meth:`board_view`,
+    :meth:`spectator_board`, :meth:`last_move_text` and :attr:`move_phrase`. A forfeit is a loss for the forfeiting
+    seat and a win for the other.
     """
+
+    #: How :meth:`describe_moves` names a legal move (``"an empty cell"``).
+    move_phrase: ClassVar[str] = "a legal move"
 
     def __init__(self) -> None:
         super().__init__()
         self.winner: int | None = None
         self.finished = False
+        self.turn = 0
+        self.last_move: list[int | None] = [None, None]
 
     def reset(self, rng: np.random.Generator) -> None:
-        """Clear the result of the last game."""
+        """Clear the result and the moves of the last game."""
         self.winner = None
         self.finished = False
         self.forfeited = None
+        self.turn = 0
+        self.last_move = [None, None]
+
+    def to_move(self) -> tuple[int, ...]:
+        return () if self.finished else (self.turn,)
+
+    # ------------------------------------------------------------------ text (hooks for the subclasses)
+    def board_view(self) -> Any:
+        """The board as :meth:`state_view` gives it to opponents."""
+        raise NotImplementedError
+
+    def spectator_board(self) -> str:
+        """The board as :meth:`render` shows it."""
+        raise NotImplementedError
+
+    def last_move_text(self, index: int) -> str:
+        """How the other seat's last move at ``index`` reads after its label (``"played cell 5"``)."""
+        raise NotImplementedError
+
+    def state_header(self, seat: int) -> str:
+        """The first line of the seat's state: who it is, then a forfeit, the other seat's last move, or that it
+        moves first."""
+        other = self.seat_labels[1 - seat]
+        header = f"You are {self.seat_labels[seat]}."
+        their = self.last_move[1 - seat]
+        if self.forfeited is not None:
+            who = "You" if self.forfeited == seat else other
+            header += f" {who} forfeited the game (too many invalid turns)."
+        elif their is not None:
+            header += f" {other} {self.last_move_text(their)}."
+        elif seat == 0 and self.last_move[0] is None:
+            header += " You move first."
+        return header
+
+    def result_line(self, seat: int) -> str:
+        """The line that ends the state text of a finished game."""
+        result = {"win": "You won.", "loss": "You lost.", "draw": "The game is a draw."}[self.outcome(seat) or ""]
+        return f"The game is over. {result}"
+
+    def state_view(self, seat: int) -> dict[str, Any]:
+        labels = self.seat_labels
+        return {
+            "game": self.name,
+            "you": labels[seat],
+            "board": self.board_view(),
+            "to_move": labels[self.turn] if not self.finished else None,
+            "legal": self.legal_moves(seat),
+            "last_moves": {labels[s]: (m + 1 if m is not None else None) for s, m in enumerate(self.last_move)},
+            "winner": labels[self.winner] if self.winner is not None else None,
+            "over": self.finished,
+        }
+
+    def describe_moves(self, seat: int) -> str:
+        if self.finished or seat != self.turn:
+            return "none (it is not your turn)"
+        return f"the number of {self.move_phrase}: " + ", ".join(self.legal_moves(seat))
+
+    def render(self) -> str:
+        labels = self.seat_labels
+        status = "" if not self.finished else ("\ndraw" if self.winner is None else f"\n{labels[self.winner]} wins")
+        return self.spectator_board() + status
 
     def _finish(self, winner: int | None) -> dict[int, float]:
         """End the game, won by ``winner`` (``None``: a draw); every seat's reward, its final score."""

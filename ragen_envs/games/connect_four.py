@@ -75,6 +75,7 @@ class ConnectFour(WinDrawLossGame):
     name = "connect_four"
     title = "Connect Four"
     seat_labels = MARKS
+    move_phrase = "a column with room"
     action_names = tuple(str(c) for c in range(1, COLUMNS + 1))
     action_synonyms: ClassVar[dict[str, str]] = {
         f"{word} {c}": str(c) for c in range(1, COLUMNS + 1) for word in ("column", "col", "c", "drop", "drop in")
@@ -82,21 +83,14 @@ class ConnectFour(WinDrawLossGame):
 
     def __init__(self) -> None:
         super().__init__()
-        self.board: list[list[int]] = [[-1] * COLUMNS for _ in range(ROWS)]
-        self.turn = 0
+        self.board: list[list[int]] = [[-1] * COLUMNS for _ in range(ROWS)]  # last_move: each seat's last column
         self.moves = 0
-        self.last_move: list[int | None] = [None, None]  # column of each seat's last move
 
     # ------------------------------------------------------------------ rules
     def reset(self, rng: np.random.Generator) -> None:
         super().reset(rng)
         self.board = [[-1] * COLUMNS for _ in range(ROWS)]
-        self.turn = 0
         self.moves = 0
-        self.last_move = [None, None]
-
-    def to_move(self) -> tuple[int, ...]:
-        return () if self.finished else (self.turn,)
 
     def legal_moves(self, seat: int) -> list[str]:
         if self.finished or seat != self.turn:
@@ -140,45 +134,22 @@ class ConnectFour(WinDrawLossGame):
         return "\n".join([header, *rows])
 
     def state_text(self, seat: int) -> str:
-        me, other = MARKS[seat], MARKS[1 - seat]
-        header = f"You are {me}."
-        their = self.last_move[1 - seat]
-        if self.forfeited is not None:
-            who = "You" if self.forfeited == seat else other
-            header += f" {who} forfeited the game (too many invalid turns)."
-        elif their is not None:
-            header += f" {other} dropped a piece in column {their + 1}."
-        elif seat == 0 and self.moves == 0:
-            header += " You move first."
-        lines = [header, self.grid_text()]
+        lines = [self.state_header(seat), self.grid_text()]
         if self.finished:
-            result = {"win": "You won.", "loss": "You lost.", "draw": "The game is a draw."}[self.outcome(seat) or ""]
-            lines.append(f"The game is over. {result}")
+            lines.append(self.result_line(seat))
         else:
             room = [str(c + 1) for c in range(COLUMNS) if self.board[0][c] < 0]
             lines.append(f"Columns with room: {', '.join(room)}.")
         return "\n".join(lines)
 
-    def state_view(self, seat: int) -> dict[str, Any]:
-        return {
-            "game": self.name,
-            "you": MARKS[seat],
-            "board": ["".join(MARKS[v] if v >= 0 else "." for v in row) for row in self.board],
-            "to_move": MARKS[self.turn] if not self.finished else None,
-            "legal": self.legal_moves(seat),
-            "last_moves": {MARKS[s]: (c + 1 if c is not None else None) for s, c in enumerate(self.last_move)},
-            "winner": MARKS[self.winner] if self.winner is not None else None,
-            "over": self.finished,
-        }
+    def last_move_text(self, index: int) -> str:
+        return f"dropped a piece in column {index + 1}"
 
-    def describe_moves(self, seat: int) -> str:
-        if self.finished or seat != self.turn:
-            return "none (it is not your turn)"
-        return "the number of a column with room: " + ", ".join(self.legal_moves(seat))
+    def board_view(self) -> list[str]:
+        return ["".join(MARKS[v] if v >= 0 else "." for v in row) for row in self.board]
 
-    def render(self) -> str:
-        status = "" if not self.finished else ("\ndraw" if self.winner is None else f"\n{MARKS[self.winner]} wins")
-        return self.grid_text() + status
+    def spectator_board(self) -> str:
+        return self.grid_text()
 
 
 # ---------------------------------------------------------------------------------------------- opponents

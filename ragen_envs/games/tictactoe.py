@@ -74,6 +74,7 @@ class TicTacToe(WinDrawLossGame):
     name = "tictactoe"
     title = "Tic-tac-toe"
     seat_labels = MARKS
+    move_phrase = "an empty cell"
     action_names = tuple(str(i) for i in range(1, 10))
     action_synonyms: ClassVar[dict[str, str]] = {
         **{f"{word} {i}": str(i) for i in range(1, 10) for word in ("cell", "square", "position", "box")},
@@ -82,19 +83,12 @@ class TicTacToe(WinDrawLossGame):
 
     def __init__(self) -> None:
         super().__init__()
-        self.board: list[int] = [-1] * 9
-        self.turn = 0
-        self.last_move: list[int | None] = [None, None]  # cell index of each seat's last move
+        self.board: list[int] = [-1] * 9  # last_move: the cell index of each seat's last move
 
     # ------------------------------------------------------------------ rules
     def reset(self, rng: np.random.Generator) -> None:
         super().reset(rng)
         self.board = [-1] * 9
-        self.turn = 0
-        self.last_move = [None, None]
-
-    def to_move(self) -> tuple[int, ...]:
-        return () if self.finished else (self.turn,)
 
     def legal_moves(self, seat: int) -> list[str]:
         if self.finished or seat != self.turn:
@@ -136,45 +130,22 @@ class TicTacToe(WinDrawLossGame):
         return "\n---+---+---\n".join(rows)
 
     def state_text(self, seat: int) -> str:
-        me, other = MARKS[seat], MARKS[1 - seat]
-        header = f"You are {me}."
-        their = self.last_move[1 - seat]
-        if self.forfeited is not None:
-            who = "You" if self.forfeited == seat else other
-            header += f" {who} forfeited the game (too many invalid turns)."
-        elif their is not None:
-            header += f" {other} played cell {their + 1}."
-        elif seat == 0 and not any(m >= 0 for m in self.board):
-            header += " You move first."
-        lines = [header, self.board_text()]
+        lines = [self.state_header(seat), self.board_text()]
         if self.finished:
-            result = {"win": "You won.", "loss": "You lost.", "draw": "The game is a draw."}[self.outcome(seat) or ""]
-            lines.append(f"The game is over. {result}")
+            lines.append(self.result_line(seat))
         else:
             empty = [str(i + 1) for i, m in enumerate(self.board) if m < 0]
             lines.append(f"Empty cells: {', '.join(empty)}.")
         return "\n".join(lines)
 
-    def state_view(self, seat: int) -> dict[str, Any]:
-        return {
-            "game": self.name,
-            "you": MARKS[seat],
-            "board": [MARKS[m] if m >= 0 else "" for m in self.board],
-            "to_move": MARKS[self.turn] if not self.finished else None,
-            "legal": self.legal_moves(seat),
-            "last_moves": {MARKS[s]: (c + 1 if c is not None else None) for s, c in enumerate(self.last_move)},
-            "winner": MARKS[self.winner] if self.winner is not None else None,
-            "over": self.finished,
-        }
+    def last_move_text(self, index: int) -> str:
+        return f"played cell {index + 1}"
 
-    def describe_moves(self, seat: int) -> str:
-        if self.finished or seat != self.turn:
-            return "none (it is not your turn)"
-        return "the number of an empty cell: " + ", ".join(self.legal_moves(seat))
+    def board_view(self) -> list[str]:
+        return [MARKS[m] if m >= 0 else "" for m in self.board]
 
-    def render(self) -> str:
-        status = "" if not self.finished else ("\ndraw" if self.winner is None else f"\n{MARKS[self.winner]} wins")
-        return self.board_text(numbers=False) + status
+    def spectator_board(self) -> str:
+        return self.board_text(numbers=False)
 
 
 # ---------------------------------------------------------------------------------------------- opponents
