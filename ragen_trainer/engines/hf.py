@@ -16,13 +16,21 @@ every prompt from scratch. This engine does no work twice:
   while episodes end at different turns and wait for their envs.
 
 How the batch cache is laid out. Every layer holds one key and one value buffer ``[rows, kv_heads, columns,
-head_dim]``. Rows are *right-aligned*: all rows write their next token at the same column ``end``, row ``r`` holds its
-``n_r`` cached tokens in columns ``[end - n_r, end)``, and a 4-D boolean mask hides the columns to their left. A
-decode step writes one column in place (no ``torch.cat`` of the whole cache per token, which is what
-``DynamicCache`` does) and attends over the columns from the leftmost live row on. A joining row is copied in under
-the same alignment; the buffer is re-laid (shifted or grown) only when a row does not fit, and a finished row's slot
-is filled by the last row so the live rows stay ``[0, rows)``. Each row carries its own position ids (its own length),
-so a row's attention and rotary positions are those of the sequence alone: batching does not change what a row sees.
+head_dim]``. Rows are *left-aligned*: row ``r`` holds its ``n_r`` cached tokens in columns ``[0, n_r)`` and writes its
+next token at column ``n_r``. A decode step writes those columns in place (no ``torch.cat`` of the whole cache per
+token, which is what ``DynamicCache`` does) and attends over the columns ``[0, max n_r]``, an additive 4-D mask hiding
+the columns right of a shorter row. Nothing is ever shifted: a joining row starts at column 0, the buffers only grow
+(by whole chunks, copying the live columns) when the longest row would not fit, and a finished row's slot is filled
+by the last row so the live rows stay ``[0, rows)``. Each row carries its own position ids (its own length), so a
+row's attention and rotary positions are those of the sequence alone: batching does not change what a row sees.
+
+How prompts are encoded (*packed prefill*). The prompts admitted in a step run through the model in one forward
+pass as a single packed sequence: the uncached tokens of every prompt one after the other, each with its own position
+ids, so no token is padding (a padded batch runs its linear layers on rows x longest prompt). Each prompt gets its
+row of the batch cache first (its reused keys copied in); every layer writes a prompt's new keys into its row and
+attends prompt by prompt over that row (:func:`_packed_attention`, registered in ``transformers``' attention interface
+and switched on for the pass only). The engine therefore serves models that call that interface
+(``_supports_attention_backend``), which is every recent ``transformers`` causal LM; others are refused by name.
 
 Sampling. Each request has its own ``torch.Generator`` seeded from its ``seed`` (or from torch's global RNG when
 ``None``): a reply does not depend on which other requests share its batch, so replies are reproducible under
@@ -38,7 +46,9 @@ weights may have changed (a new session starts empty).
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +81,8 @@ class HFEngine(ModelEngine):
         compute_logprobs: record the sampled tokens' log-probabilities (turn off to save a little time).
         max_parked_tokens: most tokens of finished replies' caches kept for their episodes' next turns; a reply that
             finishes beyond it is not parked (its episode re-encodes its next prompt in full).
-        prefill_tokens: prompts encoded together in one forward pass, as rows x longest prompt (memory vs. speed).
+        prefill_tokens: most new prompt tokens encoded together in one packed forward pass (memory vs. speed; a
+            longer prompt runs alone).
     """
 
     supports_token_ids = True
@@ -91,7 +102,7 @@ class HFEngine(ModelEngine):
         super().__init__(
             model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
         )
-        _check_full_attention(model)
+        _check_supported(model)
         check_arg(
             isinstance(max_parked_tokens, int) and max_parked_tokens >= 0,
             "max_parked_tokens",
@@ -146,8 +157,6 @@ class _Row:
     prompt: list[int]
     generator: Any
     max_new_tokens: int
-    cached: int
-    """Tokens of this row in the batch cache (its prompt, then its replies' tokens but the last sampled one)."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish: str | None = None
@@ -171,15 +180,18 @@ class _PrefillJob:
 
 
 def _chunks(jobs: list[_PrefillJob], budget: int) -> list[list[_PrefillJob]]:
-    """Consecutive jobs grouped so that each forward pass holds about ``budget`` key columns x rows."""
+    """Consecutive jobs grouped so that each packed forward pass runs at most ``budget`` new tokens (a longer job
+    runs alone)."""
     chunks: list[list[_PrefillJob]] = []
+    tokens = 0
     for job in jobs:
-        if chunks:
-            width = max(len(job.prompt), *(len(j.prompt) for j in chunks[-1]))
-            if width * (len(chunks[-1]) + 1) <= budget:
-                chunks[-1].append(job)
-                continue
-        chunks.append([job])
+        new = len(job.prompt) - (len(job.parked.tokens) if job.parked is not None else 0)
+        if chunks and tokens + new <= budget:
+            chunks[-1].append(job)
+            tokens += new
+        else:
+            chunks.append([job])
+            tokens = new
     return chunks
 
 
@@ -200,7 +212,6 @@ class HFSession(GenerationSession):
         self._was_training = bool(engine.model.training)
         engine.model.eval()  # no dropout while sampling; restored by close()
         self._closed = False
-        self._reserved = 0  # the longest prompt admitted this step
 
     # ---------------------------------------------------------------- the session interface
     def submit(self, request: GenerationRequest) -> None:
@@ -257,7 +268,7 @@ class HFSession(GenerationSession):
             common = _common_prefix(prompt, parked.tokens) if parked is not None else 0
             if parked is not None and common > 0:
                 # Keys of the first `common` tokens do not depend on what followed them: reuse those, drop the rest
-                # (_PrefillBlock.place copies only the first len(tokens) columns of the layers).
+                # (_BatchCache.open_row copies only the first len(tokens) columns of the layers).
                 jobs.append(_PrefillJob(prompt, [request], _Parked(parked.tokens[:common], parked.layers)))
             elif tuple(prompt) in shared:
                 shared[tuple(prompt)].requests.append(request)
@@ -268,66 +279,60 @@ class HFSession(GenerationSession):
 
         base = len(self._rows)
         logits = []
-        self._reserved = max(len(job.prompt) for job in jobs)  # one re-layout for the step, not one per longer row
+        if self._cache is None:
+            self._cache = _BatchCache(self.engine.model, self.engine.batch_size)
+        self._cache.reserve(max(len(job.prompt) for job in jobs))  # grown once for the step, not once per row
         for chunk in _chunks(jobs, self.engine.prefill_tokens):
             for job, job_logits in zip(chunk, self._prefill(chunk)):
                 logits += [job_logits] * len(job.requests)  # _prefill adds the rows in this order
         return self._sample(self._rows[base:], torch.stack(logits))
 
     def _prefill(self, jobs: list[_PrefillJob]) -> list[Any]:
-        """Encode the uncached part of each job's prompt in one forward pass; add one row per request; return each
-        job's last-position logits.
+        """Encode the uncached part of each job's prompt in one packed forward pass, straight into new rows of the
+        batch cache; add one row per request; return each job's last-position logits.
 
-        Layout of the pass (``a`` jobs, suffixes of ``s_i`` tokens after ``n_i`` cached ones, ``S = max s_i``,
-        ``W = max(n_i + s_i)``): job ``i``'s cached keys sit in columns ``[W - n_i - s_i, W - s_i)`` and its suffix
-        in the last ``s_i`` of the ``S`` query positions (``[W - s_i, W)``), right-aligned like the batch cache. The
-        ``S - s_i`` query positions before a shorter suffix are padding: their keys are not written (the columns
-        hold cached keys) and no real query attends to them.
+        Layout of the pass (jobs with suffixes of ``s_i`` tokens after ``n_i`` reused ones): a new row is opened per
+        job, right-aligned like every row (its ``n_i + s_i`` tokens end at the cache's write column), and its reused
+        keys are copied in. The suffixes run through the model *packed*, one after another in a single sequence of
+        ``sum(s_i)`` tokens with their own position ids, so no token is padding. Each layer writes a job's new keys
+        into its row and attends job by job over the row's columns (:func:`_packed_attention`): the linear layers
+        see every token once and attention sees each job's own sequence only. Rows of requests sharing a job are
+        copies of its row.
         """
         import torch
 
-        device = _device(self.engine.model)
-        reused = [len(job.parked.tokens) if job.parked is not None else 0 for job in jobs]
-        reused = [min(n, len(job.prompt) - 1) for n, job in zip(reused, jobs)]  # at least one token to run
-        lengths = [len(job.prompt) for job in jobs]
-        suffixes = [total - n for total, n in zip(lengths, reused)]
-        width, queries = max(lengths), max(suffixes)
-        pad = [queries - s for s in suffixes]
-        ids = torch.zeros(len(jobs), queries, dtype=torch.long)
-        positions = torch.zeros(len(jobs), queries, dtype=torch.long)
-        real = torch.zeros(len(jobs), queries, dtype=torch.bool)
-        for i, job in enumerate(jobs):
-            ids[i, pad[i] :] = torch.tensor(job.prompt[reused[i] :])
-            positions[i, pad[i] :] = torch.arange(reused[i], lengths[i])
-            real[i, pad[i] :] = True
-        # Query q of job i sits at column W - S + q; it sees its sequence's columns from W - len_i up to its own.
-        columns = torch.arange(width)
-        first = torch.tensor([width - total for total in lengths])
-        own = width - queries + torch.arange(queries)
-        mask = (columns[None, None, :] >= first[:, None, None]) & (columns[None, None, :] <= own[None, :, None])
-        mask |= ~real[:, :, None] & (columns[None, None, :] == first[:, None, None])  # padding: one column, no NaN
-        block = _PrefillBlock(self.engine.model, len(jobs), width, queries, real.to(device))
-        for i, job in enumerate(jobs):
-            if job.parked is not None and reused[i] > 0:
-                block.place(i, job.parked.layers, width - lengths[i], reused[i])
-        out = self.engine.model(
-            input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=mask[:, None].to(device),
-            past_key_values=block.cache(), use_cache=True, logits_to_keep=1,
-        )  # fmt: skip
-        self.engine.stats["prefill_tokens"] += sum(suffixes)
-        self.engine.stats["reused_tokens"] += sum(reused) + sum((len(j.requests) - 1) * len(j.prompt) for j in jobs)
-        for i, job in enumerate(jobs):
-            layers = block.sequence(i, lengths[i])
-            if self._cache is None:
-                self._cache = _BatchCache(self.engine.batch_size, layers)
-            self._cache.reserve(self._reserved)
+        model = self.engine.model
+        device = _device(model)
+        cache = self._cache
+        assert cache is not None
+        plan = _PackedPlan(cache)
+        ids: list[int] = []
+        positions: list[int] = []
+        for job in jobs:
+            length = len(job.prompt)
+            reused = min(len(job.parked.tokens), length - 1) if job.parked is not None else 0  # run one token at least
+            rows = [cache.open_row(length, job.parked.layers if reused else None, reused)]
+            rows += [cache.open_row(length) for _ in job.requests[1:]]  # copies of the first, filled after the pass
+            plan.add(rows, offset=len(ids), suffix=length - reused, length=length)
+            ids += job.prompt[reused:]
+            positions += range(reused, length)
+            self.engine.stats["prefill_tokens"] += length - reused
+            self.engine.stats["reused_tokens"] += reused + (len(job.requests) - 1) * length
             for request in job.requests:
                 limit = self.params.max_new_tokens
                 if request.max_new_tokens is not None:
                     limit = max(1, min(limit, request.max_new_tokens))
-                self._cache.add_row(len(self._rows), layers)
-                self._rows.append(_Row(request, job.prompt, _generator(request.seed, device), limit, lengths[i]))
-        return [out.logits[i, -1, :] for i in range(len(jobs))]
+                self._rows.append(_Row(request, job.prompt, _generator(request.seed, device), limit))
+        last = torch.tensor([job.offset + job.suffix - 1 for job in plan.jobs], device=device)
+        with _packed_attention_on(model, plan):
+            out = model(
+                input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([positions], device=device),
+                past_key_values=plan.cache_view(), use_cache=True, logits_to_keep=last,
+            )  # fmt: skip
+        for job in plan.jobs:
+            for row in job.rows[1:]:
+                cache.fill_row(row, job.rows[0])
+        return [out.logits[0, i, :] for i in range(len(jobs))]
 
     # ---------------------------------------------------------------- decoding
     def _decode(self) -> list[tuple[Hashable, GenerationResult]]:
@@ -337,19 +342,16 @@ class HFSession(GenerationSession):
         rows = self._rows
         device = _device(self.engine.model)
         inputs = torch.tensor([[row.tokens[-1]] for row in rows], dtype=torch.long, device=device)
-        lengths = torch.tensor([row.cached for row in rows], dtype=torch.long, device=device)
-        mask = self._cache.begin_step(lengths)
+        positions, mask = self._cache.begin_step()
         out = self.engine.model(
-            input_ids=inputs, position_ids=lengths.unsqueeze(1), attention_mask=mask,
-            past_key_values=self._cache.view(len(rows)), use_cache=True,
+            input_ids=inputs, position_ids=positions, attention_mask=mask, past_key_values=self._cache.view(),
+            use_cache=True,
         )  # fmt: skip
-        self._cache.end_step()
-        for row in rows:
-            row.cached += 1
         self.engine.stats["decode_steps"] += 1
         self.engine.stats["decoded_rows"] += len(rows)
         self.engine.stats["attended_columns"] += len(rows) * int(mask.shape[-1])
-        self.engine.stats["cached_columns"] += int(lengths.sum()) + len(rows)
+        self.engine.stats["cached_columns"] += sum(self._cache.lengths) + len(rows)
+        self._cache.end_step()
         return self._sample(rows, out.logits[:, -1, :])
 
     def _sample(self, rows: list[_Row], logits: Any) -> list[tuple[Hashable, GenerationResult]]:
@@ -358,8 +360,8 @@ class HFSession(GenerationSession):
 
         params = self.params
         logits = logits.float()
-        temperature = params.temperature if params.temperature > 0 else 1.0
-        logp = torch.log_softmax(logits / temperature, dim=-1) if self.engine.compute_logprobs else None
+        scaled = logits / params.temperature if params.temperature > 0 and params.temperature != 1.0 else logits
+        logp = torch.log_softmax(scaled, dim=-1) if self.engine.compute_logprobs else None
         if params.greedy:
             chosen = logits.argmax(dim=-1)
         else:
@@ -399,13 +401,11 @@ class HFSession(GenerationSession):
         if self.keep_cache:
             # The cache holds the prompt and every reply token but the last (sampled, never fed back).
             tokens = row.prompt + row.tokens[:-1]
-            self._park(row.request.key, _Parked(tokens, self._cache.take_row(index, row.cached)))
+            self._park(row.request.key, _Parked(tokens, self._cache.take_row(index)))
         last = len(self._rows) - 1
         self._cache.move_row(last, index)
         self._rows[index] = self._rows[last]
         self._rows.pop()
-        if not self._rows:
-            self._cache.reset()
         text = reply_text(self.engine.tokenizer, row.tokens, self.params.stop)
         logprobs = row.logprobs if self.engine.compute_logprobs else None
         return row.request.key, GenerationResult(list(row.tokens), text, logprobs, row.finish or FINISH_STOP)
@@ -422,163 +422,208 @@ class HFSession(GenerationSession):
 
 
 class _BatchCache:
-    """The batch's keys and values, right-aligned per row (see the module docstring), as a ``transformers`` cache."""
+    """The batch's keys and values, one row per live request, left-aligned (see the module docstring), as a
+    ``transformers`` cache during decode steps (:meth:`view`)."""
 
-    def __init__(self, max_rows: int, like: list[tuple[Any, Any]]) -> None:
+    def __init__(self, model: Any, max_rows: int) -> None:
         import torch
 
-        self.max_rows = max_rows
-        self.shapes = [(k.shape[1], k.shape[3], k.dtype, k.device) for k, _ in like]
+        heads, dim, layers = _attention_shape(model)
+        parameter = next(model.parameters())
         self.columns = _COLUMN_CHUNK
-        self.keys = [torch.zeros(max_rows, h, self.columns, d, dtype=t, device=dev) for h, d, t, dev in self.shapes]
+        shape = (max_rows, heads, self.columns, dim)
+        self.keys = [torch.zeros(shape, dtype=parameter.dtype, device=parameter.device) for _ in range(layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
-        self.end = 0  # the column every row writes its next token to
-        self.starts: list[int] = []  # first column of each live row
-        self._step_start = 0
-
-    def reset(self) -> None:
-        self.end = 0
-        self.starts = []
-
-    def _relayout(self, need_left: int, need_right: int) -> None:
-        """Shift the live columns so ``need_left`` fit left of ``end`` and ``need_right`` right of it, growing if
-        needed (one copy of the live part)."""
-        import torch
-
-        first = min(self.starts) if self.starts else self.end
-        used = self.end - first
-        new_end = max(used, need_left)
-        columns = max(self.columns, -(-(new_end + need_right + _COLUMN_CHUNK) // _COLUMN_CHUNK) * _COLUMN_CHUNK)
-        rows = len(self.starts)
-        for buffers in (self.keys, self.values):
-            for i, old in enumerate(buffers):
-                new = old if columns == self.columns else torch.zeros(
-                    old.shape[0], old.shape[1], columns, old.shape[3], dtype=old.dtype, device=old.device
-                )  # fmt: skip
-                if rows and used:
-                    live = old[:rows, :, first : self.end].clone()
-                    new[:rows, :, new_end - used : new_end] = live
-                buffers[i] = new
-        shift = new_end - self.end
-        self.starts = [s + shift for s in self.starts]
-        self.end, self.columns = new_end, columns
+        self.lengths: list[int] = []  # tokens cached per live row, in columns [0, length)
+        self._step: tuple[Any, int] | None = None  # during a decode step: the rows' lengths (tensor) and the window
 
     def reserve(self, n: int) -> None:
-        """Make room for a row of ``n`` tokens (and the next decode column) with at most one re-layout."""
-        if n > self.end or self.end + 1 > self.columns:
-            self._relayout(n, 1)
+        """Make room for rows of ``n`` tokens and one more column (grows the buffers, copying the live columns)."""
+        import torch
 
-    def add_row(self, index: int, layers: list[tuple[Any, Any]]) -> None:
-        """Copy one sequence's cache (``[1, heads, n, dim]`` per layer) into row ``index`` (= the number of rows)."""
-        n = layers[0][0].shape[2]
-        self.reserve(n)
-        for buffer, (k, _) in zip(self.keys, layers):
-            buffer[index, :, self.end - n : self.end] = k[0, :, -n:]
-        for buffer, (_, v) in zip(self.values, layers):
-            buffer[index, :, self.end - n : self.end] = v[0, :, -n:]
-        self.starts.append(self.end - n)
+        if n + 1 <= self.columns:
+            return
+        columns = -(-(n + 1) // _COLUMN_CHUNK) * _COLUMN_CHUNK + _COLUMN_CHUNK  # room to grow before the next time
+        used, rows = max(self.lengths, default=0), len(self.lengths)
+        for buffers in (self.keys, self.values):
+            for i, old in enumerate(buffers):
+                new = torch.zeros(old.shape[0], old.shape[1], columns, old.shape[3], dtype=old.dtype, device=old.device)
+                new[:rows, :, :used] = old[:rows, :, :used]
+                buffers[i] = new
+        self.columns = columns
 
-    def take_row(self, index: int, n: int) -> list[tuple[Any, Any]]:
-        """A copy of row ``index``'s ``n`` cached tokens, per layer ``[1, heads, n, dim]``."""
-        return [
-            (k[index : index + 1, :, self.end - n : self.end].clone(), v[index : index + 1, :, self.end - n : self.end].clone())
-            for k, v in zip(self.keys, self.values)
-        ]  # fmt: skip
+    def open_row(self, n: int, layers: list[tuple[Any, Any]] | None = None, reused: int = 0) -> int:
+        """Add a row for a sequence of ``n`` tokens (room made by :meth:`reserve`) whose first ``reused`` keys and
+        values are copied from ``layers`` (``[1, heads, >= reused, dim]`` per layer); the rest is written by the
+        prefill pass. Returns the row's index."""
+        index = len(self.lengths)
+        if layers is not None and reused:
+            for keys, values, (k, v) in zip(self.keys, self.values, layers):
+                keys[index, :, :reused] = k[0, :, :reused]
+                values[index, :, :reused] = v[0, :, :reused]
+        self.lengths.append(n)
+        return index
+
+    def fill_row(self, target: int, source: int) -> None:
+        """Copy row ``source``'s tokens into row ``target`` (a request that shares a prefill job)."""
+        n = self.lengths[source]
+        for buffers in (self.keys, self.values):
+            for buffer in buffers:
+                buffer[target, :, :n] = buffer[source, :, :n]
+
+    def take_row(self, index: int) -> list[tuple[Any, Any]]:
+        """A copy of row ``index``'s cached tokens, per layer ``[1, heads, n, dim]``."""
+        n = self.lengths[index]
+        return [(k[index : index + 1, :, :n].clone(), v[index : index + 1, :, :n].clone())
+                for k, v in zip(self.keys, self.values)]  # fmt: skip
 
     def move_row(self, source: int, target: int) -> None:
         """Row ``source`` (the last) takes the place of row ``target``, which is dropped."""
         if source != target:
-            start = self.starts[source]
+            n = self.lengths[source]
             for buffers in (self.keys, self.values):
                 for buffer in buffers:
-                    buffer[target, :, start : self.end] = buffer[source, :, start : self.end]
-            self.starts[target] = start
-        self.starts.pop()
+                    buffer[target, :, :n] = buffer[source, :, :n]
+            self.lengths[target] = n
+        self.lengths.pop()
 
-    def begin_step(self, lengths: Any) -> Any:
-        """Make room for one column and return the step's 4-D attention mask ``[rows, 1, 1, columns]``."""
+    def begin_step(self) -> tuple[Any, Any]:
+        """Start a decode step: every row writes its next token at its own column ``length``. Returns the rows'
+        positions (their lengths) ``[rows, 1]`` and the additive attention mask ``[rows, 1, 1, window]`` (0 on a
+        row's columns, the dtype's minimum on the padding right of shorter rows)."""
         import torch
 
-        if self.end + 1 > self.columns:
-            self._relayout(0, 1)
-        self._step_start = min(self.starts)
-        columns = torch.arange(self._step_start, self.end + 1, device=lengths.device)
-        return (columns.unsqueeze(0) >= (self.end - lengths).unsqueeze(1))[:, None, None, :]
+        self.reserve(max(self.lengths))
+        device, dtype = self.keys[0].device, self.keys[0].dtype
+        lengths = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        window = max(self.lengths) + 1
+        padding = torch.arange(window, device=device)[None, :] > lengths[:, None]
+        mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(padding, torch.finfo(dtype).min)
+        self._step = (lengths, window)
+        return lengths.unsqueeze(1), mask[:, None, None, :]
 
     def end_step(self) -> None:
-        self.end += 1
+        self.lengths = [n + 1 for n in self.lengths]
+        self._step = None
 
-    def view(self, rows: int) -> Any:
-        """A ``transformers`` cache whose layers write this step's column of the first ``rows`` rows in place."""
+    def view(self) -> Any:
+        """A ``transformers`` cache whose layers write this step's column of every row in place."""
         from transformers.cache_utils import Cache
 
-        layers = [_ColumnLayer(self, i, rows) for i in range(len(self.keys))]
-        return Cache(layers=layers)
+        return Cache(layers=[_ColumnLayer(self, i) for i in range(len(self.keys))])
 
 
-class _PrefillBlock:
-    """Keys and values of one batched prefill pass (see :meth:`HFSession._prefill`), as a ``transformers`` cache."""
+@dataclass
+class _PackedJob:
+    """One job of a packed prefill pass: its rows (the first is computed, the others copy it), where its suffix sits
+    in the packed sequence, and its length (reused + suffix tokens)."""
 
-    def __init__(self, model: Any, rows: int, width: int, queries: int, real: Any) -> None:
+    rows: list[int]
+    offset: int
+    suffix: int
+    length: int
+    mask: Any  # [suffix, length] additive: query i sees the columns up to its own position; None for a fresh prompt
+
+
+class _PackedPlan:
+    """The jobs of one packed prefill pass (:meth:`HFSession._prefill`), read by :func:`_packed_attention`."""
+
+    def __init__(self, cache: _BatchCache) -> None:
+        self.cache = cache
+        self.jobs: list[_PackedJob] = []
+
+    def add(self, rows: list[int], *, offset: int, suffix: int, length: int) -> None:
         import torch
 
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        parameter = next(model.parameters())
-        self.layers_count = config.num_hidden_layers
-        shape = (rows, heads, width, dim)
-        self.keys = [
-            torch.zeros(shape, dtype=parameter.dtype, device=parameter.device) for _ in range(self.layers_count)
-        ]
-        self.values = [torch.zeros_like(k) for k in self.keys]
-        self.width, self.queries = width, queries
-        self.real = real[:, None, :, None]  # [rows, 1, queries, 1]: which query positions write their keys
+        mask = None
+        if suffix < length:  # causal, aligned bottom-right: query i is token length - suffix + i of its sequence
+            device, dtype = self.cache.keys[0].device, self.cache.keys[0].dtype
+            columns = torch.arange(length, device=device)
+            future = columns[None, :] > (length - suffix + torch.arange(suffix, device=device))[:, None]
+            mask = torch.zeros(future.shape, dtype=dtype, device=device).masked_fill_(future, torch.finfo(dtype).min)
+        self.jobs.append(_PackedJob(rows, offset, suffix, length, mask))
 
-    def place(self, row: int, layers: list[tuple[Any, Any]], start: int, n: int) -> None:
-        for (k, v), keys, values in zip(layers, self.keys, self.values):
-            keys[row, :, start : start + n] = k[0, :, :n]
-            values[row, :, start : start + n] = v[0, :, :n]
-
-    def sequence(self, row: int, n: int) -> list[tuple[Any, Any]]:
-        """Row ``row``'s ``n`` tokens, per layer ``[1, heads, n, dim]`` (views)."""
-        return [(k[row : row + 1, :, self.width - n :], v[row : row + 1, :, self.width - n :])
-                for k, v in zip(self.keys, self.values)]  # fmt: skip
-
-    def cache(self) -> Any:
+    def cache_view(self) -> Any:
         from transformers.cache_utils import Cache
 
-        return Cache(layers=[_BlockLayer(self, i) for i in range(self.layers_count)])
+        return Cache(layers=[_PackedLayer(self, i) for i in range(len(self.cache.keys))])
 
 
-class _BlockLayer:
-    """One layer of a :class:`_PrefillBlock`: writes the real query positions' keys, returns the whole block."""
+class _PackedLayer:
+    """One layer of the batch cache during a packed prefill pass: writes each job's new keys and values into its
+    row; attention reads them from there (:func:`_packed_attention`)."""
 
     is_sliding = False
     is_compileable = False
     is_initialized = True
 
-    def __init__(self, block: _PrefillBlock, layer: int) -> None:
-        self.block, self.layer = block, layer
+    def __init__(self, plan: _PackedPlan, layer: int) -> None:
+        self.plan, self.layer = plan, layer
 
     def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        import torch
-
-        b = self.block
-        keys, values = b.keys[self.layer], b.values[self.layer]
-        window = slice(b.width - b.queries, b.width)
-        keys[:, :, window] = torch.where(b.real, key_states, keys[:, :, window])
-        values[:, :, window] = torch.where(b.real, value_states, values[:, :, window])
-        return keys, values
+        keys, values = self.plan.cache.keys[self.layer], self.plan.cache.values[self.layer]
+        for job in self.plan.jobs:
+            new = slice(job.offset, job.offset + job.suffix)
+            keys[job.rows[0], :, job.length - job.suffix : job.length] = key_states[0, :, new]
+            values[job.rows[0], :, job.length - job.suffix : job.length] = value_states[0, :, new]
+        return key_states, value_states
 
     def get_seq_length(self) -> int:
-        return self.block.width - self.block.queries
+        return 0
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.block.width, 0
+        return query_length, 0
 
     def get_max_length(self) -> int:
         return -1
+
+
+#: The name :func:`_packed_attention` is registered under in ``transformers``' attention interface.
+_PACKED_ATTENTION = "ragen_packed_prefill"
+_packed_plan: ContextVar[_PackedPlan | None] = ContextVar(_PACKED_ATTENTION, default=None)
+
+
+def _packed_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
+                      dropout: float = 0.0, **kwargs: Any) -> tuple[Any, None]:  # fmt: skip
+    """Attention of a packed prefill pass, job by job: the queries of job ``i`` (its suffix in the packed sequence)
+    attend over its row of the batch cache (reused keys, then the suffix's own, written by :class:`_PackedLayer`).
+
+    Called by ``transformers`` in place of its attention function; returns ``[1, tokens, heads, dim]`` as they do.
+    """
+    import torch
+
+    plan = _packed_plan.get()
+    assert plan is not None, "the packed prefill attention runs only inside HFSession._prefill"
+    keys, values = plan.cache.keys[module.layer_idx], plan.cache.values[module.layer_idx]
+    out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+    grouped = query.shape[1] != keys.shape[1]
+    for job in plan.jobs:
+        row = job.rows[0]
+        attended = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, job.offset : job.offset + job.suffix],
+            keys[row : row + 1, :, : job.length],
+            values[row : row + 1, :, : job.length],
+            attn_mask=job.mask, is_causal=job.mask is None, scale=scaling, enable_gqa=grouped,
+        )  # fmt: skip
+        out[0, job.offset : job.offset + job.suffix] = attended[0].transpose(0, 1)
+    return out, None
+
+
+@contextmanager
+def _packed_attention_on(model: Any, plan: _PackedPlan) -> Iterator[None]:
+    """Run ``model`` with :func:`_packed_attention` for ``plan`` (its attention implementation is restored after)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_PACKED_ATTENTION, _packed_attention)
+    config = model.config
+    before = config._attn_implementation
+    token = _packed_plan.set(plan)
+    config._attn_implementation = _PACKED_ATTENTION
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+        _packed_plan.reset(token)
 
 
 class _ColumnLayer:
@@ -588,31 +633,36 @@ class _ColumnLayer:
     is_compileable = False
     is_initialized = True
 
-    def __init__(self, cache: _BatchCache, layer: int, rows: int) -> None:
-        self.cache, self.layer, self.rows = cache, layer, rows
+    def __init__(self, cache: _BatchCache, layer: int) -> None:
+        self.cache, self.layer = cache, layer
 
     def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        c = self.cache
-        keys, values = c.keys[self.layer], c.values[self.layer]
-        keys[: self.rows, :, c.end : c.end + 1] = key_states
-        values[: self.rows, :, c.end : c.end + 1] = value_states
-        window = slice(c._step_start, c.end + 1)
-        return keys[: self.rows, :, window], values[: self.rows, :, window]
+        import torch
+
+        assert self.cache._step is not None
+        lengths, window = self.cache._step
+        rows = len(lengths)
+        keys, values = self.cache.keys[self.layer], self.cache.values[self.layer]
+        index = torch.arange(rows, device=lengths.device)
+        keys[index, :, lengths] = key_states[:, :, 0]
+        values[index, :, lengths] = value_states[:, :, 0]
+        return keys[:rows, :, :window], values[:rows, :, :window]
 
     def get_seq_length(self) -> int:
-        return self.cache.end
+        return max(self.cache.lengths)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.cache.end - self.cache._step_start + query_length, 0
+        return max(self.cache.lengths) + query_length, 0
 
     def get_max_length(self) -> int:
         return -1
 
 
 # ---------------------------------------------------------------- helpers
-def _check_full_attention(model: Any) -> None:
-    """The batch cache gives every layer the whole sequence: models with sliding-window or linear-attention layers
-    would see more than they should, so they are refused with the engine that handles them."""
+def _check_supported(model: Any) -> None:
+    """Refuse, with the engine that handles them, models this engine would run wrong: the batch cache gives every
+    layer the whole sequence (no sliding-window or linear-attention layers), and the packed prefill replaces the
+    attention function through ``transformers``' attention interface, which the model must call."""
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     other = sorted({t for t in (getattr(config, "layer_types", None) or []) if t != "full_attention"})
     if other:
@@ -620,6 +670,21 @@ def _check_full_attention(model: Any) -> None:
             f"invalid argument model={type(model).__name__}: it has {', '.join(other)} layers; HFEngine supports "
             "models whose layers all use full attention. Use the hf-generate engine (GenerateEngine) or vllm."
         )
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model: the one it wraps
+    if not getattr(base, "_supports_attention_backend", False):
+        raise ValueError(
+            f"invalid argument model={type(base).__name__}: it does not use transformers' attention interface "
+            "(_supports_attention_backend is false), which HFEngine needs. Use the hf-generate engine "
+            "(GenerateEngine) or vllm."
+        )
+
+
+def _attention_shape(model: Any) -> tuple[int, int, int]:
+    """Key/value heads, head dimension and layer count of ``model``'s attention."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return heads, dim, config.num_hidden_layers
 
 
 def _common_prefix(prompt: list[int], cached: list[int]) -> int:
@@ -640,16 +705,36 @@ def _generator(seed: int | None, device: Any) -> Any:
     return generator
 
 
+#: Vocabulary entries per block of :func:`_inverse_cdf_sample`.
+_CDF_BLOCK = 256
+
+
 def _inverse_cdf_sample(probs: Any, generators: list[Any]) -> Any:
-    """One token per row of ``probs`` ``[rows, vocab]``, row ``i`` drawing its uniform number from ``generators[i]``
-    (inverse-CDF sampling: batched, and exact; ``torch.multinomial`` per row costs ~1 ms each on a 49k vocabulary)."""
+    """One token per row of ``probs`` ``[rows, vocab]``, row ``i`` drawing its uniform number from ``generators[i]``.
+
+    Inverse-CDF sampling, batched and exact (in float64): the token is the first whose cumulative probability exceeds
+    ``u`` times the total. ``torch.multinomial`` per row costs ~1 ms each on a 49k vocabulary, and a float64 cumsum
+    over the whole vocabulary is a long sequential scan; instead the vocabulary is cut into blocks of
+    :data:`_CDF_BLOCK`: block sums find the block, and a cumsum inside that block alone finds the token.
+    """
     import torch
 
-    uniforms = torch.stack([torch.rand((), generator=g, device=probs.device) for g in generators])
-    cdf = probs.double().cumsum(dim=-1)
-    targets = (uniforms.double() * cdf[:, -1]).unsqueeze(-1)
-    chosen = torch.searchsorted(cdf, targets, right=True).squeeze(-1)
-    return chosen.clamp_(max=probs.shape[-1] - 1)
+    rows, vocab = probs.shape
+    uniforms = torch.stack([torch.rand((), generator=g, device=probs.device) for g in generators]).double()
+    blocks = -(-vocab // _CDF_BLOCK)
+    padded = torch.nn.functional.pad(probs, (0, blocks * _CDF_BLOCK - vocab)).view(rows, blocks, _CDF_BLOCK)
+    cumulative = padded.sum(-1, dtype=torch.float64).cumsum(-1)  # [rows, blocks]
+    targets = (uniforms * cumulative[:, -1]).unsqueeze(-1)
+    block = torch.searchsorted(cumulative, targets, right=True).squeeze(-1).clamp_(max=blocks - 1)
+    before = cumulative.gather(-1, (block - 1).clamp(min=0).unsqueeze(-1)).squeeze(-1) * (block > 0)
+    inside = padded[torch.arange(rows, device=probs.device), block]  # [rows, block size]
+    offset = torch.searchsorted(inside.double().cumsum(-1) + before.unsqueeze(-1), targets, right=True).squeeze(-1)
+    # Rounding can leave the target past the block's last partial sum: take the block's last token that can be drawn
+    # (never a zero-probability one, such as a token top-k / top-p filtered out).
+    columns = torch.arange(_CDF_BLOCK, device=probs.device)
+    last = torch.where(inside > 0, columns, -1).amax(-1)
+    offset = torch.where(offset >= _CDF_BLOCK, last, offset)
+    return (block * _CDF_BLOCK + offset).clamp_(max=vocab - 1)
 
 
 def _filter(logits: Any, top_k: int, top_p: float) -> Any:

@@ -309,3 +309,93 @@ def test_models_with_sliding_window_layers_are_refused_with_the_engine_to_use(ti
                          layer_types=["sliding_attention", "full_attention"])  # fmt: skip
     with pytest.raises(ValueError, match="sliding_attention.*hf-generate"):
         HFEngine(Qwen2ForCausalLM(config), tiny_tokenizer)
+
+
+def test_models_that_do_not_call_the_attention_interface_are_refused(tiny_model, tiny_tokenizer, monkeypatch):
+    monkeypatch.setattr(type(tiny_model), "_supports_attention_backend", False)
+    with pytest.raises(ValueError, match="attention interface.*hf-generate"):
+        HFEngine(tiny_model, tiny_tokenizer)
+
+
+# ------------------------------------------------------------------------------------------------ packed prefill
+def test_packed_prefill_gives_each_prompt_the_logits_of_its_own_forward_pass(tiny_model, tiny_tokenizer):
+    # Prompts of different lengths, one with a parked prefix: encoded together, each must see only its own tokens.
+    prompts = [_prompt(tiny_tokenizer, text) for text in ("a", "Turn 1:\nState:\n_ _ P O\nGo left or right?", "ok")]
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8)
+    params = SamplingParams(temperature=0, max_new_tokens=1)
+    with engine.session(params) as session:
+        session.submit(GenerationRequest(key="parked", prompt=prompts[0]))
+        while session.busy:
+            session.step()
+        follow_up = prompts[0] + _prompt(tiny_tokenizer, "Reward: 0")[1:]
+        for key, prompt in [("parked", follow_up), (1, prompts[1]), (2, prompts[2])]:
+            session.submit(GenerationRequest(key=key, prompt=prompt))
+        before = dict(engine.stats)
+        results = dict(session.step())
+    assert engine.stats["reused_tokens"] - before["reused_tokens"] == len(prompts[0])  # one pass, one reused prefix
+    for key, prompt in [("parked", follow_up), (1, prompts[1]), (2, prompts[2])]:
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([prompt])).logits[0, -1].float()
+        expected = torch.log_softmax(logits, -1)
+        assert results[key].token_ids == [int(expected.argmax())]
+        assert results[key].logprobs[0] == pytest.approx(float(expected.max()), abs=1e-4)
+
+
+def test_prefill_in_small_passes_gives_the_same_rollouts(tiny_model, tiny_tokenizer):
+    kwargs = {"sampling": SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)}
+    one_pass = collect_rollouts(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2,
+                                **kwargs)  # fmt: skip
+    small = HFEngine(tiny_model, tiny_tokenizer, prefill_tokens=1)  # every prompt in a pass of its own
+    many_passes = collect_rollouts(small, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, **kwargs)
+    assert _signature(many_passes) == _signature(one_pass)
+    for a, b in zip(one_pass.trajectories, many_passes.trajectories):
+        assert b.old_logprobs == pytest.approx(a.old_logprobs, abs=1e-4)
+
+
+def test_the_models_attention_implementation_is_restored_after_a_prefill(tiny_model, tiny_tokenizer, monkeypatch):
+    before = tiny_model.config._attn_implementation
+    prompt = _prompt(tiny_tokenizer, "Arms: Dragon, Phoenix. Choose one.")
+    HFEngine(tiny_model, tiny_tokenizer).generate([prompt], GREEDY)
+    assert tiny_model.config._attn_implementation == before
+
+    def broken(*args, **kwargs):
+        assert tiny_model.config._attn_implementation != before  # the packed attention is on during the pass
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(tiny_model, "forward", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        HFEngine(tiny_model, tiny_tokenizer).generate([prompt], GREEDY)
+    assert tiny_model.config._attn_implementation == before
+
+
+# ------------------------------------------------------------------------------------------------ sampling
+@pytest.mark.parametrize("vocab", [5, 256, 1000, 49152])
+def test_blocked_inverse_cdf_sampling_draws_the_token_of_a_full_cumsum(vocab):
+    from ragen_trainer.engines.hf import _inverse_cdf_sample
+
+    rows = 64
+    source = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(rows, vocab, generator=source) * 4
+    logits[::3, torch.randperm(vocab, generator=source)[: vocab // 2]] = float("-inf")  # filtered out: probability 0
+    probs = torch.softmax(logits, -1)
+    chosen = _inverse_cdf_sample(probs, [torch.Generator().manual_seed(i) for i in range(rows)])
+    # The reference: the first token whose float64 cumulative probability exceeds u times the total.
+    uniforms = [float(torch.rand((), generator=torch.Generator().manual_seed(i))) for i in range(rows)]
+    cdf = probs.double().cumsum(-1)
+    expected = [int(torch.searchsorted(cdf[r], uniforms[r] * cdf[r, -1], right=True).clamp(max=vocab - 1))
+                for r in range(rows)]  # fmt: skip
+    assert chosen.tolist() == expected
+    assert bool((probs.gather(-1, chosen[:, None]) > 0).all())
+
+
+def test_sampling_never_draws_a_zero_probability_token_at_the_edges():
+    from ragen_trainer.engines.hf import _inverse_cdf_sample
+
+    probs = torch.zeros(4, 600)
+    probs[0, 0] = 1.0  # only the first token
+    probs[1, 599] = 1.0  # only the last token (in the padded last block)
+    probs[2, 255] = probs[2, 256] = 0.5  # across a block boundary
+    probs[3, 300:310] = 0.1
+    for seed in range(50):
+        chosen = _inverse_cdf_sample(probs, [torch.Generator().manual_seed(seed + r) for r in range(4)])
+        assert bool((probs.gather(-1, chosen[:, None]) > 0).all()), chosen.tolist()
