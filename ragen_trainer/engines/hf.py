@@ -292,8 +292,8 @@ class HFSession(GenerationSession):
         batch cache; add one row per request; return each job's last-position logits.
 
         Layout of the pass (jobs with suffixes of ``s_i`` tokens after ``n_i`` reused ones): a new row is opened per
-        job, right-aligned like every row (its ``n_i + s_i`` tokens end at the cache's write column), and its reused
-        keys are copied in. The suffixes run through the model *packed*, one after another in a single sequence of
+        job, left-aligned like every row (its ``n_i + s_i`` tokens in columns ``[0, n_i + s_i)``), and its reused
+        keys are copied into the first ``n_i`` columns. The suffixes run through the model *packed*, one after another in a single sequence of
         ``sum(s_i)`` tokens with their own position ids, so no token is padding. Each layer writes a job's new keys
         into its row and attends job by job over the row's columns (:func:`_packed_attention`): the linear layers
         see every token once and attention sees each job's own sequence only. Rows of requests sharing a job are
