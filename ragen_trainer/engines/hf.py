@@ -435,7 +435,7 @@ class _BatchCache:
         self.keys = [torch.zeros(shape, dtype=parameter.dtype, device=parameter.device) for _ in range(layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
         self.lengths: list[int] = []  # tokens cached per live row, in columns [0, length)
-        self._step: tuple[Any, int] | None = None  # during a decode step: the rows' lengths (tensor) and the window
+        self._step: tuple[Any, Any, int] | None = None  # during a decode step: row indices, lengths, the window
 
     def reserve(self, n: int) -> None:
         """Make room for rows of ``n`` tokens and one more column (grows the buffers, copying the live columns)."""
@@ -499,7 +499,7 @@ class _BatchCache:
         window = max(self.lengths) + 1
         padding = torch.arange(window, device=device)[None, :] > lengths[:, None]
         mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(padding, torch.finfo(dtype).min)
-        self._step = (lengths, window)
+        self._step = (torch.arange(len(self.lengths), device=device), lengths, window)
         return lengths.unsqueeze(1), mask[:, None, None, :]
 
     def end_step(self) -> None:
@@ -614,7 +614,8 @@ def _packed_attention_on(model: Any, plan: _PackedPlan) -> Iterator[None]:
     """Run ``model`` with :func:`_packed_attention` for ``plan`` (its attention implementation is restored after)."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(_PACKED_ATTENTION, _packed_attention)
+    if _PACKED_ATTENTION not in AttentionInterface._global_mapping:  # registered once per process
+        AttentionInterface.register(_PACKED_ATTENTION, _packed_attention)
     config = model.config
     before = config._attn_implementation
     token = _packed_plan.set(plan)
@@ -637,13 +638,10 @@ class _ColumnLayer:
         self.cache, self.layer = cache, layer
 
     def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        import torch
-
         assert self.cache._step is not None
-        lengths, window = self.cache._step
+        index, lengths, window = self.cache._step
         rows = len(lengths)
         keys, values = self.cache.keys[self.layer], self.cache.values[self.layer]
-        index = torch.arange(rows, device=lengths.device)
         keys[index, :, lengths] = key_states[:, :, 0]
         values[index, :, lengths] = value_states[:, :, 0]
         return keys[:rows, :, :window], values[:rows, :, :window]
