@@ -18,19 +18,26 @@ every prompt from scratch. This engine does no work twice:
 How the batch cache is laid out. Every layer holds one key and one value buffer ``[rows, kv_heads, columns,
 head_dim]``. Rows are *left-aligned*: row ``r`` holds its ``n_r`` cached tokens in columns ``[0, n_r)`` and writes its
 next token at column ``n_r``. A decode step writes those columns in place (no ``torch.cat`` of the whole cache per
-token, which is what ``DynamicCache`` does) and attends over the columns ``[0, max n_r]``, an additive 4-D mask hiding
-the columns right of a shorter row. Nothing is ever shifted: a joining row starts at column 0, the buffers only grow
-(by whole chunks, copying the live columns) when the longest row would not fit, and a finished row's slot is filled
-by the last row so the live rows stay ``[0, rows)``. Each row carries its own position ids (its own length), so a
+token, which is what ``DynamicCache`` does). Attention reads only the columns rows hold: the rows are cut into
+consecutive *segments* (:func:`_row_segments`), each attending over the columns ``[0, longest row of the segment]``
+with an additive 4-D mask hiding the columns right of a shorter row, so rows at turn 1 do not read the padding up to
+a turn-5 row's length (one segment when the rows' lengths are close: a call costs more than a few padded columns).
+Nothing is ever shifted: a joining row starts at column 0, the buffers only grow (by whole chunks, copying the live
+columns) when the longest row would not fit, and a finished row's slot is filled by the last row so the live rows
+stay ``[0, rows)``. Each row carries its own position ids (its own length), so a
 row's attention and rotary positions are those of the sequence alone: batching does not change what a row sees.
 
 How prompts are encoded (*packed prefill*). The prompts admitted in a step run through the model in one forward
 pass as a single packed sequence: the uncached tokens of every prompt one after the other, each with its own position
 ids, so no token is padding (a padded batch runs its linear layers on rows x longest prompt). Each prompt gets its
 row of the batch cache first (its reused keys copied in); every layer writes a prompt's new keys into its row and
-attends prompt by prompt over that row (:func:`_packed_attention`, registered in ``transformers``' attention interface
-and switched on for the pass only). The engine therefore serves models that call that interface
-(``_supports_attention_backend``), which is every recent ``transformers`` causal LM; others are refused by name.
+attends prompt by prompt over that row (:meth:`_PackedPlan.attend`).
+
+Both kinds of pass replace the model's attention function with ragen's own (:func:`_ragen_attention`, registered in
+``transformers``' attention interface and switched on for the pass only, then restored), which reads how to attend
+from the pass's *plan* (:class:`_PackedPlan`, :class:`_DecodePlan`). The engine therefore serves models that call
+that interface (``_supports_attention_backend``), which is every recent ``transformers`` causal LM; others are
+refused by name.
 
 Sampling. Each request has its own ``torch.Generator`` seeded from its ``seed`` (or from torch's global RNG when
 ``None``): a reply does not depend on which other requests share its batch, so replies are reproducible under
@@ -46,6 +53,7 @@ weights may have changed (a new session starts empty).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -68,6 +76,11 @@ from ragen_trainer.engines.base import (
 
 #: Columns added to the batch cache at a time when it grows (fewer re-layouts, a little unused memory).
 _COLUMN_CHUNK = 256
+
+#: What one more attention call of a decode step costs, in (row, column) pairs attended: on CPU an SDPA call costs
+#: ~15 us and a row's column ~0.11 us (SmolLM2, 2 cores), so a segment of rows pays for itself once it saves this many
+#: padded columns. :func:`_row_segments` splits the rows where that holds.
+_SEGMENT_COST = 160
 
 
 class HFEngine(ModelEngine):
@@ -116,7 +129,7 @@ class HFEngine(ModelEngine):
         self.prefill_tokens = prefill_tokens
         #: Work done, for benchmarks and tests: tokens run through the model (prefill), tokens reused from a parked
         #: or shared cache, decode steps, rows decoded summed over steps, and the key columns decode attended to
-        #: (rows x window) against those the rows hold (the rest is padding of shorter rows).
+        #: (rows x window of each segment) against those the rows hold (the rest is padding of shorter rows).
         self.stats = {
             "prefill_tokens": 0,
             "reused_tokens": 0,
@@ -293,11 +306,11 @@ class HFSession(GenerationSession):
 
         Layout of the pass (jobs with suffixes of ``s_i`` tokens after ``n_i`` reused ones): a new row is opened per
         job, left-aligned like every row (its ``n_i + s_i`` tokens in columns ``[0, n_i + s_i)``), and its reused
-        keys are copied into the first ``n_i`` columns. The suffixes run through the model *packed*, one after another in a single sequence of
-        ``sum(s_i)`` tokens with their own position ids, so no token is padding. Each layer writes a job's new keys
-        into its row and attends job by job over the row's columns (:func:`_packed_attention`): the linear layers
-        see every token once and attention sees each job's own sequence only. Rows of requests sharing a job are
-        copies of its row.
+        keys are copied into the first ``n_i`` columns. The suffixes run through the model *packed*, one after another
+        in a single sequence of ``sum(s_i)`` tokens with their own position ids, so no token is padding. Each layer
+        writes a job's new keys into its row and attends job by job over the row's columns
+        (:meth:`_PackedPlan.attend`): the linear layers see every token once and attention sees each job's own
+        sequence only. Rows of requests sharing a job are copies of its row.
         """
         import torch
 
@@ -324,7 +337,7 @@ class HFSession(GenerationSession):
                     limit = max(1, min(limit, request.max_new_tokens))
                 self._rows.append(_Row(request, job.prompt, _generator(request.seed, device), limit))
         last = torch.tensor([job.offset + job.suffix - 1 for job in plan.jobs], device=device)
-        with _packed_attention_on(model, plan):
+        with _attention_plan_on(model, plan):
             out = model(
                 input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([positions], device=device),
                 past_key_values=plan.cache_view(), use_cache=True, logits_to_keep=last,
@@ -342,14 +355,16 @@ class HFSession(GenerationSession):
         rows = self._rows
         device = _device(self.engine.model)
         inputs = torch.tensor([[row.tokens[-1]] for row in rows], dtype=torch.long, device=device)
+        plan = _DecodePlan(_row_segments([n + 1 for n in self._cache.lengths]))  # each row's columns, new one included
         positions, mask = self._cache.begin_step()
-        out = self.engine.model(
-            input_ids=inputs, position_ids=positions, attention_mask=mask, past_key_values=self._cache.view(),
-            use_cache=True,
-        )  # fmt: skip
+        with _attention_plan_on(self.engine.model, plan):
+            out = self.engine.model(
+                input_ids=inputs, position_ids=positions, attention_mask=mask, past_key_values=self._cache.view(),
+                use_cache=True,
+            )  # fmt: skip
         self.engine.stats["decode_steps"] += 1
         self.engine.stats["decoded_rows"] += len(rows)
-        self.engine.stats["attended_columns"] += len(rows) * int(mask.shape[-1])
+        self.engine.stats["attended_columns"] += sum((stop - start) * window for start, stop, window in plan.segments)
         self.engine.stats["cached_columns"] += sum(self._cache.lengths) + len(rows)
         self._cache.end_step()
         return self._sample(rows, out.logits[:, -1, :])
@@ -526,7 +541,7 @@ class _PackedJob:
 
 
 class _PackedPlan:
-    """The jobs of one packed prefill pass (:meth:`HFSession._prefill`), read by :func:`_packed_attention`."""
+    """The jobs of one packed prefill pass (:meth:`HFSession._prefill`), read by :meth:`attend`."""
 
     def __init__(self, cache: _BatchCache) -> None:
         self.cache = cache
@@ -548,10 +563,30 @@ class _PackedPlan:
 
         return Cache(layers=[_PackedLayer(self, i) for i in range(len(self.cache.keys))])
 
+    def attend(self, module: Any, query: Any, scaling: float | None) -> Any:
+        """Attention of the pass, job by job: the queries of a job (its suffix in the packed sequence, ``query``
+        ``[1, heads, tokens, dim]``) attend over its row of the batch cache (reused keys, then the suffix's own,
+        written by :class:`_PackedLayer`). Returns ``[1, tokens, heads, dim]``."""
+        import torch
+
+        keys, values = self.cache.keys[module.layer_idx], self.cache.values[module.layer_idx]
+        out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+        grouped = query.shape[1] != keys.shape[1]
+        for job in self.jobs:
+            row = job.rows[0]
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, job.offset : job.offset + job.suffix],
+                keys[row : row + 1, :, : job.length],
+                values[row : row + 1, :, : job.length],
+                attn_mask=job.mask, is_causal=job.mask is None, scale=scaling, enable_gqa=grouped,
+            )  # fmt: skip
+            out[0, job.offset : job.offset + job.suffix] = attended[0].transpose(0, 1)
+        return out
+
 
 class _PackedLayer:
     """One layer of the batch cache during a packed prefill pass: writes each job's new keys and values into its
-    row; attention reads them from there (:func:`_packed_attention`)."""
+    row; attention reads them from there (:meth:`_PackedPlan.attend`)."""
 
     is_sliding = False
     is_compileable = False
@@ -578,53 +613,95 @@ class _PackedLayer:
         return -1
 
 
-#: The name :func:`_packed_attention` is registered under in ``transformers``' attention interface.
-_PACKED_ATTENTION = "ragen_packed_prefill"
-_packed_plan: ContextVar[_PackedPlan | None] = ContextVar(_PACKED_ATTENTION, default=None)
+class _DecodePlan:
+    """How a decode step attends: segment by segment of rows (:func:`_row_segments`), each over its own window."""
+
+    def __init__(self, segments: list[tuple[int, int, int]]) -> None:
+        self.segments = segments
+
+    def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> Any:
+        """``query`` ``[rows, heads, 1, dim]`` over ``key`` / ``value`` ``[rows, kv_heads, window, dim]`` (the batch
+        cache's columns, this step's written) with the additive ``mask`` ``[rows, 1, 1, window]``; each segment reads
+        only its first ``window`` columns. Returns ``[rows, 1, heads, dim]``."""
+        import torch
+
+        rows, heads, _, dim = query.shape
+        kv_heads = key.shape[1]
+        # The query heads that share a key/value head side by side (repeat_kv's order): [rows, kv_heads, group, dim],
+        # so attention reads each key once instead of once per query head.
+        grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+        out = query.new_empty(rows, 1, heads, dim)
+        for start, stop, window in self.segments:
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                grouped[start:stop], key[start:stop, :, :window], value[start:stop, :, :window],
+                attn_mask=mask[start:stop, :, :, :window], scale=scaling,
+            )  # fmt: skip
+            out[start:stop, 0] = attended.reshape(stop - start, heads, dim)
+        return out
 
 
-def _packed_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
-                      dropout: float = 0.0, **kwargs: Any) -> tuple[Any, None]:  # fmt: skip
-    """Attention of a packed prefill pass, job by job: the queries of job ``i`` (its suffix in the packed sequence)
-    attend over its row of the batch cache (reused keys, then the suffix's own, written by :class:`_PackedLayer`).
+def _row_segments(columns: list[int], cost: int = _SEGMENT_COST) -> list[tuple[int, int, int]]:
+    """Cut rows ``[0, len(columns))`` into consecutive segments ``(start, stop, window)``, ``window`` the most columns
+    a row of the segment holds, minimising the (row, column) pairs attended plus ``cost`` per segment.
 
-    Called by ``transformers`` in place of its attention function; returns ``[1, tokens, heads, dim]`` as they do.
+    Dynamic programming over the cut points (``best[i]``: cheapest cover of rows ``[0, i)``), ``O(rows^2)``; when the
+    rows' padding under one window costs less than a second segment, one segment is returned at once.
     """
-    import torch
+    rows, widest = len(columns), max(columns)
+    if rows * widest - sum(columns) <= cost:
+        return [(0, rows, widest)]
+    best = [0.0] + [math.inf] * rows
+    cut = [0] * (rows + 1)
+    for stop in range(1, rows + 1):
+        window = 0
+        for start in range(stop - 1, -1, -1):
+            window = max(window, columns[start])
+            total = best[start] + (stop - start) * window + cost
+            if total < best[stop]:
+                best[stop], cut[stop] = total, start
+    segments = []
+    stop = rows
+    while stop > 0:
+        start = cut[stop]
+        segments.append((start, stop, max(columns[start:stop])))
+        stop = start
+    return segments[::-1]
 
-    plan = _packed_plan.get()
-    assert plan is not None, "the packed prefill attention runs only inside HFSession._prefill"
-    keys, values = plan.cache.keys[module.layer_idx], plan.cache.values[module.layer_idx]
-    out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
-    grouped = query.shape[1] != keys.shape[1]
-    for job in plan.jobs:
-        row = job.rows[0]
-        attended = torch.nn.functional.scaled_dot_product_attention(
-            query[:, :, job.offset : job.offset + job.suffix],
-            keys[row : row + 1, :, : job.length],
-            values[row : row + 1, :, : job.length],
-            attn_mask=job.mask, is_causal=job.mask is None, scale=scaling, enable_gqa=grouped,
-        )  # fmt: skip
-        out[0, job.offset : job.offset + job.suffix] = attended[0].transpose(0, 1)
-    return out, None
+
+#: The name :func:`_ragen_attention` is registered under in ``transformers``' attention interface.
+_RAGEN_ATTENTION = "ragen"
+_attention_plan: ContextVar[_PackedPlan | _DecodePlan | None] = ContextVar(_RAGEN_ATTENTION, default=None)
+
+
+def _ragen_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
+                     dropout: float = 0.0, **kwargs: Any) -> tuple[Any, None]:  # fmt: skip
+    """The attention function of HFEngine's passes, called by ``transformers`` in place of its own with the layer's
+    ``query`` / ``key`` / ``value`` ``[batch, heads, tokens, dim]``: the plan of the pass in progress says how to
+    attend. Returns ``[batch, tokens, heads, dim]`` as ``transformers``' functions do."""
+    plan = _attention_plan.get()
+    assert plan is not None, "ragen's attention runs only inside an HFSession pass"
+    if isinstance(plan, _PackedPlan):
+        return plan.attend(module, query, scaling), None
+    return plan.attend(module, query, key, value, attention_mask, scaling), None
 
 
 @contextmanager
-def _packed_attention_on(model: Any, plan: _PackedPlan) -> Iterator[None]:
-    """Run ``model`` with :func:`_packed_attention` for ``plan`` (its attention implementation is restored after)."""
+def _attention_plan_on(model: Any, plan: _PackedPlan | _DecodePlan) -> Iterator[None]:
+    """Run ``model`` with :func:`_ragen_attention` following ``plan``; its attention implementation is restored
+    after."""
     from transformers import AttentionInterface
 
-    if _PACKED_ATTENTION not in AttentionInterface._global_mapping:  # registered once per process
-        AttentionInterface.register(_PACKED_ATTENTION, _packed_attention)
+    if _RAGEN_ATTENTION not in AttentionInterface._global_mapping:  # registered once per process
+        AttentionInterface.register(_RAGEN_ATTENTION, _ragen_attention)
     config = model.config
     before = config._attn_implementation
-    token = _packed_plan.set(plan)
-    config._attn_implementation = _PACKED_ATTENTION
+    token = _attention_plan.set(plan)
+    config._attn_implementation = _RAGEN_ATTENTION
     try:
         yield
     finally:
         config._attn_implementation = before
-        _packed_plan.reset(token)
+        _attention_plan.reset(token)
 
 
 class _ColumnLayer:

@@ -94,8 +94,10 @@ def test_a_prompt_that_departs_from_the_parked_cache_reuses_the_common_prefix(ti
         first = []
         while session.busy:
             first += session.step()
-        (_, reply), = first
-        rewritten = prompt + [t for t in tiny_tokenizer("<answer>Dragon</answer>", add_special_tokens=False)["input_ids"]]
+        ((_, reply),) = first
+        rewritten = prompt + [
+            t for t in tiny_tokenizer("<answer>Dragon</answer>", add_special_tokens=False)["input_ids"]
+        ]
         rewritten += _prompt(tiny_tokenizer, "Reward: 1")[1:]
         before = dict(engine.stats)
         session.submit(GenerationRequest(key="ep", prompt=rewritten))
@@ -106,7 +108,7 @@ def test_a_prompt_that_departs_from_the_parked_cache_reuses_the_common_prefix(ti
     assert engine.stats["reused_tokens"] - before["reused_tokens"] == common >= len(prompt)
     assert engine.stats["prefill_tokens"] - before["prefill_tokens"] == len(rewritten) - common
     fresh = HFEngine(tiny_model, tiny_tokenizer).generate([rewritten], GREEDY)[0]
-    (_, again), = second
+    ((_, again),) = second
     assert again.token_ids == fresh.token_ids
     assert again.logprobs == pytest.approx(fresh.logprobs, abs=1e-4)
 
@@ -366,6 +368,61 @@ def test_the_models_attention_implementation_is_restored_after_a_prefill(tiny_mo
     with pytest.raises(RuntimeError, match="out of memory"):
         HFEngine(tiny_model, tiny_tokenizer).generate([prompt], GREEDY)
     assert tiny_model.config._attn_implementation == before
+
+
+# ------------------------------------------------------------------------------------------------ decode segments
+def _segments_cost(segments, cost):
+    return sum((stop - start) * window + cost for start, stop, window in segments)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_row_segments_are_the_cheapest_cover_of_the_rows(seed):
+    import itertools
+    import random
+
+    from ragen_trainer.engines.hf import _row_segments
+
+    rng = random.Random(seed)
+    rows = rng.randint(1, 7)
+    columns = [rng.choice([rng.randint(1, 40), rng.randint(200, 900)]) for _ in range(rows)]
+    segments = _row_segments(columns, cost=100)
+    # Consecutive, covering every row once, each window the widest row's columns (no row reads less than it holds).
+    assert [s[0] for s in segments] == [0] + [s[1] for s in segments[:-1]] and segments[-1][1] == rows
+    assert all(window == max(columns[start:stop]) for start, stop, window in segments)
+    # Optimal: no way of cutting the rows costs less (brute force over every set of cut points).
+    cheapest = min(
+        _segments_cost([(a, b, max(columns[a:b])) for a, b in zip((0, *cuts), (*cuts, rows))], 100)
+        for k in range(rows) for cuts in itertools.combinations(range(1, rows), k)
+    )  # fmt: skip
+    assert _segments_cost(segments, 100) == cheapest
+
+
+def test_rows_of_close_lengths_attend_in_one_segment_and_far_ones_apart():
+    from ragen_trainer.engines.hf import _row_segments
+
+    assert _row_segments([500, 510, 505, 498], cost=160) == [(0, 4, 510)]
+    assert _row_segments([900, 40, 41, 905], cost=160) == [(0, 1, 900), (1, 3, 41), (3, 4, 905)]
+
+
+def test_segmented_decode_attention_gives_the_replies_of_one_window(tiny_model, tiny_tokenizer, monkeypatch):
+    from ragen_trainer.engines import hf
+
+    # Rows of very different lengths decoded together: a long multi-turn context beside short first turns.
+    long_prompt = _prompt(tiny_tokenizer, "Turn 1:\nState:\n_ _ P O\n" * 30 + "Go left or right?")
+    prompts = [long_prompt, _prompt(tiny_tokenizer, "reward"), _prompt(tiny_tokenizer, "think, then answer")]
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=4)
+    real = hf._row_segments
+    monkeypatch.setattr(hf, "_row_segments", lambda columns: [(0, len(columns), max(columns))])
+    one_window = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
+    expected = one_window.generate(prompts, params)
+    monkeypatch.setattr(hf, "_row_segments", lambda columns: real(columns, cost=0))  # every row its own window
+    segmented = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
+    replies = segmented.generate(prompts, params)
+    assert [r.token_ids for r in replies] == [r.token_ids for r in expected]
+    for a, b in zip(expected, replies):
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
+    assert segmented.stats["attended_columns"] == segmented.stats["cached_columns"]  # no padding read
+    assert one_window.stats["attended_columns"] > one_window.stats["cached_columns"]
 
 
 # ------------------------------------------------------------------------------------------------ sampling
