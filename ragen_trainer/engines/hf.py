@@ -53,6 +53,7 @@ weights may have changed (a new session starts empty).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
@@ -116,6 +117,7 @@ class HFEngine(ModelEngine):
             model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
         )
         _check_supported(model)
+        self._cache_keyword = _cache_keyword(model)
         check_arg(
             isinstance(max_parked_tokens, int) and max_parked_tokens >= 0,
             "max_parked_tokens",
@@ -340,7 +342,7 @@ class HFSession(GenerationSession):
         with _attention_plan_on(model, plan):
             out = model(
                 input_ids=torch.tensor([ids], device=device), position_ids=torch.tensor([positions], device=device),
-                past_key_values=plan.cache_view(), use_cache=True, logits_to_keep=last,
+                use_cache=True, logits_to_keep=last, **{self.engine._cache_keyword: plan.cache_view()},
             )  # fmt: skip
         for job in plan.jobs:
             for row in job.rows[1:]:
@@ -359,8 +361,8 @@ class HFSession(GenerationSession):
         positions, mask = self._cache.begin_step()
         with _attention_plan_on(self.engine.model, plan):
             out = self.engine.model(
-                input_ids=inputs, position_ids=positions, attention_mask=mask, past_key_values=self._cache.view(),
-                use_cache=True,
+                input_ids=inputs, position_ids=positions, attention_mask=mask, use_cache=True,
+                **{self.engine._cache_keyword: self._cache.view()},
             )  # fmt: skip
         self.engine.stats["decode_steps"] += 1
         self.engine.stats["decoded_rows"] += len(rows)
@@ -752,6 +754,13 @@ def _check_supported(model: Any) -> None:
             "(_supports_attention_backend is false), which HFEngine needs. Use the hf-generate engine "
             "(GenerateEngine) or vllm."
         )
+
+
+def _cache_keyword(model: Any) -> str:
+    """The keyword ``model``'s forward takes a cache under: ``cache`` in recent ``transformers`` (where
+    ``past_key_values``, the older name, warns that it is deprecated), ``past_key_values`` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes it through
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _attention_shape(model: Any) -> tuple[int, int, int]:
