@@ -132,6 +132,7 @@ def ragen_config(
         "ppo_mini_batch_size": groups * group_size,  # one optimizer step per batch, as GRPOTrainer's
         "group_randomness": "independent",  # as BanditReward below
         "reply_tokens": "sampled",  # TRL trains on the sampled ids
+        "gradient_checkpointing": False,  # as the TRL side below
     }
     if stop_at_answer is not None:
         changes["protocol"] = {"stop_after_answer": stop_at_answer}
@@ -410,7 +411,7 @@ def run_trl(cfg: Any, model: Any, tokenizer: Any, warmup: int, output_dir: str) 
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
         fp16=False,
-        gradient_checkpointing=False,  # TRL's default is True; ragen's is False
+        gradient_checkpointing=False,  # off on both sides (both default to on): the same work, as documented
         logging_strategy="no",
         save_strategy="no",
         report_to=[],

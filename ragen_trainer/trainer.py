@@ -41,6 +41,7 @@ micro-batches per step (a process with nothing to train gets a zero-weight micro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -177,8 +178,13 @@ def build_training_arguments(config: StarPOConfig, world_size: int, **overrides:
         fp16=config.dtype == "float16",
         disable_tqdm=False,
     )
-    if config.gradient_checkpointing:  # only when asked: the argument is being renamed in transformers
-        kwargs["gradient_checkpointing"] = True
+    if config.gradient_checkpointing:
+        # transformers renamed the argument activation_checkpointing (the old name warns there): pass the one it has.
+        # Non-reentrant checkpointing needs no input that requires grad (a LoRA model's embeddings are frozen).
+        fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+        name = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+        kwargs[name] = True
+        kwargs[f"{name}_kwargs"] = {"use_reentrant": False}
     kwargs.update(overrides)
     return TrainingArguments(**kwargs)
 

@@ -272,6 +272,25 @@ def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
     assert any(k.startswith("backbone.") for k in saved) and any(k.startswith("head.") for k in saved)
 
 
+@pytest.mark.parametrize("preset", ["starpo-s", "starpo-s-grpo"])
+def test_gradient_checkpointing_is_on_by_default_and_gives_the_same_update(tmp_path, tiny_tokenizer, preset):
+    assert load_config(preset).gradient_checkpointing  # the reference's default (verl)
+    updated = {}
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = build_tiny_model(tiny_tokenizer)
+        engine = ScriptedEngine(tiny_tokenizer, lambda text, call, row: ["Dragon", "Phoenix", "x"][row % 3])
+        cfg = small_config(tmp_path / str(checkpointing), preset, total_steps=1, save_steps=0, filter_ratio=1.0,
+                           group_size=3, gradient_checkpointing=checkpointing)  # fmt: skip
+        trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
+        trainer.train()
+        layers = model.get_decoder().layers
+        assert all(layer.gradient_checkpointing == checkpointing for layer in layers)  # on for the update
+        updated[checkpointing] = params_of(model)
+    for name, value in updated[True].items():
+        torch.testing.assert_close(value, updated[False][name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 def test_policy_forward_selected_logits_match_full_logits_and_copy_is_independent(tiny_tokenizer):
     from ragen_trainer.critic import attach_critic, policy_copy
 
