@@ -565,10 +565,11 @@ class _PackedPlan:
 
         return Cache(layers=[_PackedLayer(self, i) for i in range(len(self.cache.keys))])
 
-    def attend(self, module: Any, query: Any, scaling: float | None) -> Any:
+    def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> Any:
         """Attention of the pass, job by job: the queries of a job (its suffix in the packed sequence, ``query``
         ``[1, heads, tokens, dim]``) attend over its row of the batch cache (reused keys, then the suffix's own,
-        written by :class:`_PackedLayer`). Returns ``[1, tokens, heads, dim]``."""
+        written by :class:`_PackedLayer`); ``key``, ``value`` and ``mask`` (the packed tokens' own) are not used.
+        Returns ``[1, tokens, heads, dim]``."""
         import torch
 
         keys, values = self.cache.keys[module.layer_idx], self.cache.values[module.layer_idx]
@@ -682,8 +683,6 @@ def _ragen_attention(module: Any, query: Any, key: Any, value: Any, attention_ma
     attend. Returns ``[batch, tokens, heads, dim]`` as ``transformers``' functions do."""
     plan = _attention_plan.get()
     assert plan is not None, "ragen's attention runs only inside an HFSession pass"
-    if isinstance(plan, _PackedPlan):
-        return plan.attend(module, query, scaling), None
     return plan.attend(module, query, key, value, attention_mask, scaling), None
 
 
