@@ -76,7 +76,7 @@ from ragen_trainer.critic import (
 )
 from ragen_trainer.fileio import atomic_write_json
 from ragen_trainer.filtering import filter_groups
-from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, row_normalizers, value_loss
 from ragen_trainer.rollout import placed_rewards
 from ragen_trainer.trajectory import Trajectory
 
@@ -423,7 +423,7 @@ class StarPOTrainer(Trainer):
                 self._sync_engine(unwrapped)
                 common = dict(env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
                               group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
-                              progress=self.accelerator.is_main_process)  # fmt: skip
+                              loss_mask=cfg.loss_mask, progress=self.accelerator.is_main_process)  # fmt: skip
                 if selfplay:  # groups 2g + seat (ragen_trainer.selfplay)
                     batch = self._collect_selfplay(unwrapped, seeds, local, group_size, common)
                 else:
@@ -625,12 +625,11 @@ class StarPOTrainer(Trainer):
         kept: list[Trajectory] = batch["kept"]
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         mine = members[rank::world]
-        rows_mask = batch["mask"][members]
-        tokens = float(rows_mask.sum())
-        seqs = float((rows_mask.sum(-1) > 0).sum())
-        # Each process divides by its share of the mini-batch's count; DDP then averages over processes, so the summed
-        # gradient is that of the loss averaged over the whole mini-batch (per token, or per sequence).
-        norm = (tokens if self.cfg.loss_agg_mode == "token-mean" else seqs) / world
+        # Per-row denominators over the whole mini-batch (losses.row_normalizers), each process's divided by its share:
+        # DDP averages over processes, so the summed gradient is that of the mini-batch's loss under loss_agg_mode.
+        norms = row_normalizers(batch["mask"][members], self.cfg.loss_agg_mode, world=world,
+                                micro_size=self.cfg.loss_agg_micro_size)  # fmt: skip
+        norm_of = {member: norms[k] for k, member in enumerate(members)}
         chunks = [list(c) for c in np.array_split(np.array(mine, dtype=np.int64), self.n_micro)]
         out = []
         for chunk in chunks:
@@ -654,7 +653,7 @@ class StarPOTrainer(Trainer):
                 "old_logprobs": _pad([batch["old_logprobs"][i] for i in chunk], w, 0.0, torch.float32),
                 "ref_logprobs": None if batch["ref_logprobs"] is None
                 else _pad([batch["ref_logprobs"][i] for i in chunk], w, 0.0, torch.float32),
-                "normalizer": max(norm, 1e-8),
+                "normalizer": torch.stack([norm_of.get(i, norms.new_ones(())) for i in chunk]).clamp(min=1e-8),
             }
             out.append(mb)
         return out

@@ -31,6 +31,36 @@ def test_defaults_are_the_paper_starpo_s_settings():
     assert (cfg.total_steps, cfg.val_every, cfg.val_groups, cfg.val_temperature) == (200, 10, 256, 0.5)
     assert (cfg.max_new_tokens, cfg.max_context_tokens) == (400, 3600)
     assert cfg.use_critic and cfg.adv_estimator == "gae"
+    # the paper's runs (RAGEN 3059df8): everything after the system prompt trained, no dual clip, micro-batches of 4
+    assert (cfg.reference, cfg.preset) == ("paper", "starpo-s")
+    assert (cfg.loss_mask, cfg.clip_ratio_c, cfg.loss_agg_mode, cfg.loss_agg_micro_size) == (
+        "after_system", 0.0, "micro-token-mean", 4)
+    assert cfg == preset("starpo-s", "paper").replace(output_dir=cfg.output_dir, env_id=cfg.env_id)
+
+
+def test_reference_latest_is_todays_code():
+    cfg = preset("starpo-s", "latest").validate()
+    assert (cfg.loss_mask, cfg.clip_ratio_c, cfg.loss_agg_mode) == ("replies", 3.0, "seq-mean-token-mean")
+    assert preset("ppo", "latest").kl_reward_coef == 0.0 and preset("ppo", "paper").kl_reward_coef == 0.001
+
+
+def test_reference_and_preset_rebase_only_fields_left_at_their_preset_values(tmp_path):
+    # a command line's --reference latest after --config ppo: the era's values move, explicit choices stay
+    cfg = apply_overrides(preset("ppo"), {"clip_ratio_c": "5", "reference": "latest", "filter_ratio": "0.5"})
+    assert (cfg.reference, cfg.loss_mask, cfg.kl_reward_coef) == ("latest", "replies", 0.0)
+    assert (cfg.clip_ratio_c, cfg.filter_ratio) == (5.0, 0.5)
+    moved = apply_overrides(cfg, {"preset": "grpo"})
+    assert (moved.adv_estimator, moved.critic, moved.kl_coef, moved.output_dir) == ("grpo", "none", 0.001, "runs/grpo")
+    assert moved.filter_ratio == 0.5 and moved.clip_ratio_c == 5.0
+    # YAML: preset and reference apply first, whatever their order in the file
+    path = tmp_path / "c.yaml"
+    path.write_text("filter_ratio: 0.5\nreference: latest\npreset: ppo\n")
+    loaded = load_config(path)
+    assert (loaded.preset, loaded.reference, loaded.filter_ratio, loaded.kl_reward_coef) == ("ppo", "latest", 0.5, 0.0)
+    with pytest.raises(ValueError, match="reference"):
+        apply_overrides(StarPOConfig(), {"reference": "today"})
+    with pytest.raises(ValueError, match="did you mean 'grpo'"):
+        apply_overrides(StarPOConfig(), {"preset": "gpro"})
 
 
 def test_every_field_has_help():
@@ -39,8 +69,8 @@ def test_every_field_has_help():
 
 
 def test_presets_differ_where_the_paper_says():
-    vanilla = preset("starpo")  # the reference's train_all.sh: $USE_PPO $USE_BASE trains without KL
-    assert (vanilla.filter_ratio, vanilla.kl_coef, vanilla.kl_reward_coef, vanilla.clip_high) == (1.0, 0.0, 0.0, 0.2)
+    vanilla = preset("starpo")  # train_all.sh $USE_PPO $USE_BASE: at 3059df8 the KL 0.001 goes into the reward
+    assert (vanilla.filter_ratio, vanilla.kl_coef, vanilla.kl_reward_coef, vanilla.clip_high) == (1.0, 0.0, 0.001, 0.2)
     grpo = preset("grpo").validate()  # $USE_GRPO turns use_kl_loss on: KL loss 0.001 of type kl (k1)
     assert grpo.adv_estimator == "grpo" and not grpo.use_critic and grpo.filter_ratio == 1.0
     assert (grpo.kl_coef, grpo.kl_estimator, grpo.kl_reward_coef) == (0.001, "k1", 0.0)
@@ -48,7 +78,8 @@ def test_presets_differ_where_the_paper_says():
     assert preset("starpo-s-no-think").protocol_settings().enable_think is False
     assert preset("starpo-s-std-rev").filter_mode == "std_rev"
     for name in PRESETS:
-        preset(name).validate()
+        for reference in ("paper", "latest"):
+            preset(name, reference).validate()
 
 
 def test_unknown_preset_suggests():
@@ -202,8 +233,11 @@ def test_config_choices_match_the_modules_that_implement_them():
     # config.py imports nothing heavy (a bad config fails before torch loads), so it lists these names itself.
     from ragen_envs.driver import GROUP_RANDOMNESS
     from ragen_trainer.filtering import FILTER_MODES, FILTER_ROUNDING
-    from ragen_trainer.rollout import REPLY_TOKENS
+    from ragen_trainer.losses import AGG_MODES
+    from ragen_trainer.rollout import LOSS_MASKS, REPLY_TOKENS
 
+    assert set(CHOICES["loss_mask"]) == set(LOSS_MASKS)
+    assert set(CHOICES["loss_agg_mode"]) == set(AGG_MODES)
     assert set(CHOICES["group_randomness"]) == set(GROUP_RANDOMNESS)
     assert set(CHOICES["reply_tokens"]) == set(REPLY_TOKENS)
     assert set(CHOICES["filter_round"]) == set(FILTER_ROUNDING)
