@@ -475,6 +475,7 @@ REFERENCE_BASE: dict[str, ByReference] = {
     "loss_mask": ByReference("after_system", "replies"),
     "clip_ratio_c": ByReference(0.0, 3.0),
     "loss_agg_mode": ByReference("micro-token-mean", "seq-mean-token-mean"),
+    "loss_agg_micro_size": ByReference(4, 1),  # micro_batch_size_per_gpu (4 / 1): micro-token-mean of 1 = seq-mean
 }
 
 #: Vanilla StarPO as the reference's train_all.sh runs it (``$USE_BASE``): no filter, symmetric clip, and KL 0.001

@@ -110,7 +110,7 @@ def supervised_warmup(model: Any, tokenizer: Any, chats: list[list[dict[str, str
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
-            total, count = total + float(out.loss), count + 1
+            total, count = total + out.loss.item(), count + 1
         losses.append(total / max(count, 1))
         if progress:
             print(f"warm-up epoch {epoch + 1}/{epochs}: loss {losses[-1]:.4f} ({time.perf_counter() - started:.0f} s)",
