@@ -2,7 +2,7 @@
 :mod:`ragen_trainer.evaluation.cli` -- evaluate (``eval``) and merge results (``leaderboard``).
 
     ragen-trainer train --config starpo-s --env ragen/Bandit-v0 --model smollm2 --output_dir runs/bandit
-    ragen-trainer train --config configs/sokoban/starpo-s.yaml --filter_ratio 0.5 --set actor_lr=1e-5
+    ragen-trainer train --config configs/quick/bandit-smollm2-cpu.yaml --filter_ratio 0.5 --set actor_lr=1e-5
     accelerate launch --num_processes 8 -m ragen_trainer.cli train --config starpo-s --deepspeed ds_zero2.json
 
 Every :class:`~ragen_trainer.config.StarPOConfig` field is a flag (``--<field> value``; dashes work too), and

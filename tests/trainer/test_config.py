@@ -92,13 +92,15 @@ def test_every_config_file_loads_and_validates(path):
     load_config(path).validate()
 
 
-def test_config_folder_covers_the_paper_experiments():
-    names = {p.relative_to(CONFIG_DIR).as_posix() for p in CONFIGS}
-    for env in ("bandit", "sokoban", "frozenlake"):
-        assert f"{env}/starpo-s.yaml" in names and f"{env}/starpo-ppo.yaml" in names
-        assert f"{env}/no-think.yaml" in names and f"{env}/starpo-grpo.yaml" in names
-    assert sum("filter-sweep" in n for n in names) >= 5
-    assert sum("actions-per-turn" in n for n in names) == 7
+def test_config_folder_holds_only_runs_that_differ_from_a_preset():
+    # paper experiments are presets plus a few fields in benchmarks/reproduce.py; YAML is for more than that
+    assert {p.relative_to(CONFIG_DIR).as_posix() for p in CONFIGS} == {
+        "quick/bandit-smollm2-cpu.yaml", "tictactoe/selfplay-smollm2-cpu.yaml"}
+    for path in CONFIGS:
+        cfg = load_config(path)
+        changed = [f for f in ("model", "env_groups", "group_size", "max_new_tokens", "total_steps", "opponent_pool")
+                   if getattr(cfg, f) != getattr(preset(cfg.preset), f)]
+        assert len(changed) >= 3, (path, changed)
 
 
 def test_yaml_round_trip(tmp_path):
