@@ -518,48 +518,60 @@ def summary_table(results: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------- estimates, the set
-#: Seconds per training step on one GPU at the paper's scale when no run of the set has measured its own yet:
-#: env -> (kept trajectories per step, seconds). From the paper's Figure 7 (right: total time on Sokoban with PPO,
-#: about 15,000 s for 200 steps with all 128 rollouts kept, about half with 25% kept, on H100s); Bandit (one turn)
-#: and FrozenLake are scaled by their turns (1 and 5 against Sokoban's 5). Replaced by the set's own measurements
-#: (``time`` between metric rows of runs already in ``--runs``) as soon as one run of the env has some.
-PRIOR_STEP_SECONDS: dict[str, tuple[int, float]] = {"sokoban": (128, 75.0), "frozenlake": (128, 75.0),
-                                                    "bandit": (128, 15.0)}
+#: Costs on one GPU at the paper's scale before any run of the set has measured its own: env -> (seconds of rollout
+#: per trajectory, seconds of scoring and update per kept trajectory). From the paper's Figure 7 (right panel: total
+#: time on Sokoban with PPO, about 15,000 s for 200 steps with all 128 rollouts kept, on H100s: 75 s a step), split
+#: half rollout, half update (an assumption: the figure shows keeping 25% saves about half the time); FrozenLake as
+#: Sokoban (five turns), Bandit a fifth (one turn). Replaced, per env, by the set's own measurements as soon as one
+#: of its runs has logged steps (:func:`measured_costs`).
+PRIOR_COSTS: dict[str, tuple[float, float]] = {"sokoban": (37.5 / 128, 37.5 / 128),
+                                               "frozenlake": (37.5 / 128, 37.5 / 128),
+                                               "bandit": (7.5 / 128, 7.5 / 128)}
 
 
-def measured_step_seconds(runs_dir: Path) -> dict[str, tuple[int, float, str]]:
-    """Per env, (kept trajectories per step, median seconds per step, source) from the paper-scale runs already in
-    ``runs_dir``."""
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def measured_costs(runs_dir: Path) -> dict[str, tuple[float, float, str]]:
+    """Per env, (rollout seconds per trajectory, scoring and update seconds per kept trajectory, source): medians over
+    the logged steps (``time/rollout``, ``time/scoring``, ``time/update``) of the paper-scale runs in ``runs_dir``."""
+    import yaml
+
     from ragen_trainer.monitor import read_metrics
 
-    out: dict[str, tuple[int, float, str]] = {}
+    out: dict[str, tuple[float, float, str]] = {}
     for env in ENVS:
-        samples: list[tuple[float, float]] = []
+        rollout, update, steps = [], [], 0
         for metrics in sorted((runs_dir / "paper" / env).glob("*/metrics.jsonl")):
-            rows = [r for r in read_metrics(metrics) if "time" in r]
-            for a, b in zip(rows, rows[1:]):
-                kept = float(b.get("filter/kept_trajectories") or 0)
-                if kept > 0 and b["step"] == a["step"] + 1:
-                    samples.append((kept, b["time"] - a["time"]))
-        if samples:
-            per_traj = sorted(s / k for k, s in samples)[len(samples) // 2]
-            out[env] = (128, per_traj * 128, f"measured: {len(samples)} steps of runs in {runs_dir / 'paper' / env}")
+            config = metrics.parent / "config.yaml"
+            data = yaml.safe_load(config.read_text()) if config.is_file() else {}
+            batch = int(data.get("env_groups", 8)) * int(data.get("group_size", 16))
+            for row in read_metrics(metrics):
+                kept = float(row.get("filter/kept_trajectories") or 0)
+                if "time/rollout" in row and kept > 0:
+                    rollout.append(row["time/rollout"] / batch)
+                    update.append((row.get("time/scoring", 0.0) + row.get("time/update", 0.0)) / kept)
+                    steps += 1
+        if steps:
+            out[env] = (_median(rollout), _median(update), f"measured: {steps} steps in {runs_dir / 'paper' / env}")
     return out
 
 
-def estimate_hours(cfg: Any, env: str, gpus: int, costs: dict[str, tuple[int, float, str]]) -> tuple[float, str]:
-    """GPU-hours of a run: steps x seconds per step, a step's cost in proportion to its rollouts (groups x size) and
-    scaled by 1/gpus for the wall time (GPU-hours stay the product). Returns (GPU-hours, source of the cost)."""
+def estimate_hours(cfg: Any, env: str, costs: dict[str, tuple[float, float, str]]) -> tuple[float, str]:
+    """GPU-hours of a run: its steps' rollouts and kept trajectories, and its validations' rollouts, at the env's
+    per-trajectory costs (measured, else :data:`PRIOR_COSTS`). Returns (GPU-hours, where the costs come from)."""
     if env in costs:
-        batch, seconds, source = costs[env]
+        per_rollout, per_kept, source = costs[env]
     else:
-        batch, seconds = PRIOR_STEP_SECONDS[env]
-        source = "prior: the paper's Figure 7 total time (PRIOR_STEP_SECONDS)"
+        (per_rollout, per_kept), source = PRIOR_COSTS[env], "prior: the paper's Figure 7 total time (PRIOR_COSTS)"
     rollouts = cfg.env_groups * cfg.group_size
-    validation = (cfg.total_steps // max(cfg.val_every, 1) + 1) * cfg.val_groups if cfg.val_every else 0
-    step_seconds = seconds * rollouts / batch
-    total = cfg.total_steps * step_seconds + validation * seconds / batch * 0.5  # validation: one pass, no update
-    return total / 3600.0, source
+    kept = cfg.kept_groups * cfg.group_size if cfg.filter_ratio < 1 else rollouts
+    validations = cfg.total_steps // cfg.val_every + 1 if cfg.val_every else 0
+    seconds = cfg.total_steps * (rollouts * per_rollout + kept * per_kept * cfg.ppo_epochs)
+    seconds += validations * cfg.val_groups * per_rollout
+    return seconds / 3600.0, source
 
 
 def paper_runs() -> list[tuple[Experiment, Run]]:
@@ -576,20 +588,21 @@ def paper_runs() -> list[tuple[Experiment, Run]]:
 
 def print_plan(items: list[tuple[Experiment, Run]], args: argparse.Namespace) -> float:
     """Print each run's configuration and estimated GPU-hours; the total."""
-    costs = measured_step_seconds(Path(args.runs))
+    costs = measured_costs(Path(args.runs))
     total = 0.0
     for experiment, run in items:
         cfg = run_config(run, "paper", Path(args.runs), model=args.model, seed=args.seed, engine=args.engine,
                          engine_url=args.engine_url)  # fmt: skip
-        hours, source = estimate_hours(cfg, run.env, args.gpus, costs)
+        hours, source = estimate_hours(cfg, run.env, costs)
         total += hours
         state = "done" if finished(Path(cfg.output_dir)) else "to run"
         changed = {k: v for k, v in run.changes.items()}
         print(f"- {run.key} [{experiment.name}; {run.source}] preset {run.preset} (reference {cfg.reference}) "
               f"{changed or ''}: {cfg.env_groups}x{cfg.group_size}, {cfg.total_steps} steps, val {cfg.val_groups} "
-              f"every {cfg.val_every}, {cfg.max_new_tokens} tokens; {hours:.1f} GPU-h ({hours / args.gpus:.1f} h on "
-              f"{args.gpus} GPU(s)) [{source}]; {state}", flush=True)  # fmt: skip
-    print(f"total: {total:.0f} GPU-hours, about {total / args.gpus:.0f} hours on {args.gpus} GPU(s)", flush=True)
+              f"every {cfg.val_every}, {cfg.max_new_tokens} tokens; {hours:.1f} GPU-h [{source}]; {state}",
+              flush=True)  # fmt: skip
+    print(f"total: {total:.0f} GPU-hours; in sequence on {args.gpus} GPU(s) per run, about {total / args.gpus:.0f} "
+          "hours if the runs scale perfectly over them", flush=True)
     return total
 
 

@@ -265,8 +265,9 @@ def matching_presets(config: Any) -> list[str]:
     keys = sorted({key for _, changes in PRESETS.values() for key in changes if key != "protocol"})
     think = config.protocol_settings().enable_think
     found = []
+    era = getattr(config, "reference", "paper")
     for name in PRESETS:
-        reference = preset(name)
+        reference = preset(name, era if era in ("paper", "latest") else "paper")
         same = all(getattr(reference, key) == getattr(config, key, None) for key in keys)
         wants_think = PRESETS[name][1].get("protocol", {}).get("enable_think")
         if same and (wants_think is None or wants_think == think):

@@ -156,13 +156,20 @@ def test_paper_dry_run_prints_every_run_and_an_estimate(reproduce, tmp_path, cap
 def test_measured_step_costs_replace_the_prior(reproduce, tmp_path):
     folder = tmp_path / "paper" / "sokoban" / "ppo"
     folder.mkdir(parents=True)
-    rows = [{"step": s, "time": 100.0 * s, "filter/kept_trajectories": 64} for s in range(1, 5)]
+    (folder / "config.yaml").write_text("env_groups: 8\ngroup_size: 16\n")
+    rows = [{"step": s, "time/rollout": 64.0, "time/scoring": 8.0, "time/update": 24.0,
+             "filter/kept_trajectories": 32} for s in range(1, 5)]  # fmt: skip
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    costs = reproduce.measured_step_seconds(tmp_path)
-    assert costs["sokoban"][1] == pytest.approx(200.0)  # 100 s for 64 kept -> 200 s for 128
-    cfg = reproduce.run_config(reproduce.EXPERIMENTS["fig9-starpo-s"].runs()[2], "paper", tmp_path)
-    hours, source = reproduce.estimate_hours(cfg, "sokoban", 1, costs)
-    assert source.startswith("measured") and hours > 200 * 200 / 3600
+    costs = reproduce.measured_costs(tmp_path)
+    assert costs["sokoban"][:2] == (pytest.approx(0.5), pytest.approx(1.0))  # 64 s / 128 rollouts, 32 s / 32 kept
+    run = next(r for r in reproduce.EXPERIMENTS["fig9-starpo-s"].runs() if r.key == "sokoban/starpo-s")
+    cfg = reproduce.run_config(run, "paper", tmp_path)
+    hours, source = reproduce.estimate_hours(cfg, "sokoban", costs)
+    assert source.startswith("measured")
+    # 200 steps x (128 x 0.5 + 32 x 1.0) s, plus 21 validations of 256 states x 0.5 s
+    assert hours == pytest.approx((200 * (64 + 32) + 21 * 256 * 0.5) / 3600)
+    prior, source = reproduce.estimate_hours(cfg, "sokoban", {})
+    assert source.startswith("prior") and prior > 0
 
 
 def test_ema_smoothing_skips_missing_values(reproduce):
