@@ -106,8 +106,10 @@ def test_full_run_frozenlake_grpo_multi_turn_with_kl(tmp_path, tiny_tokenizer):
 
 
 def test_in_reward_kl_is_subtracted_from_the_rewards_when_asked(tmp_path, tiny_tokenizer):
-    # The reference's in-reward KL (kl_ctrl with use_kl_in_reward) is off in all its configs, vanilla included.
-    assert load_config("starpo").kl_reward_coef == 0.0 and load_config("starpo-s").kl_reward_coef == 0.0
+    # The in-reward KL: vanilla PPO's 0.001 at the paper's commit (applied whenever the KL loss is off); today's
+    # reference has it off everywhere (use_kl_in_reward), and StarPO-S has none at either.
+    assert load_config("starpo").kl_reward_coef == 0.001 and load_config("starpo-s").kl_reward_coef == 0.0
+    assert load_config("starpo").replace(reference="latest").kl_reward_coef == 0.0
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, "starpo", kl_reward_coef=0.5, max_turns=2)
@@ -126,7 +128,7 @@ def test_in_reward_kl_is_subtracted_from_the_rewards_when_asked(tmp_path, tiny_t
 def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer):
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
-    cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2)
+    cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2, loss_mask="replies")
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
     minis = trainer._rollout_step()
     assert len(minis) == trainer.n_mini == 1  # 4 kept trajectories, mini-batches of 32
@@ -144,6 +146,23 @@ def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer)
             assert torch.all(mb["returns"][row][mask[row] == 0] == 0)
         # the old log-probs were recomputed by the trainer, not the engine's placeholder -1.0
         assert not torch.allclose(mb["old_logprobs"][mask > 0], torch.full_like(mb["old_logprobs"][mask > 0], -1.0))
+
+
+def test_after_system_mask_trains_the_environment_text_too(tmp_path, tiny_tokenizer):
+    """The paper's runs (loss_mask after_system, the default): every token after the system prompt is trained, the
+    advantages cover them, and the episode's reward sits on the conversation's last token."""
+    engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
+    cfg = small_config(tmp_path, "starpo-s", filter_ratio=1.0, max_turns=2)
+    assert cfg.loss_mask == "after_system"
+    trainer = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
+    micro = trainer._rollout_step()[0]
+    for mb in micro:
+        ids, mask = mb["input_ids"], mb["mask"]
+        for row in range(ids.shape[0]):
+            trained = tiny_tokenizer.decode(ids[row, 1:][mask[row] > 0].tolist())
+            assert "Phoenix" in trained and "State:" in trained and "user" in trained  # replies, env text, headers
+            assert "helpful assistant" not in trained  # the system turn is not
+            assert trained.endswith("<|im_end|>\n")  # the closing newline, as the reference's last token
 
 
 def _group_reply(prompt_text, call, row):
