@@ -621,6 +621,12 @@ def load_policy_weights(model: Any, folder: str | os.PathLike[str]) -> None:
         state = {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
     else:
         state = load_file(str(folder / "model.safetensors"))
+    own = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (the model's: {tuple(own[k].shape)})" for k, v in state.items()
+             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise ValueError(f"the weights in {folder} do not fit the model: {len(wrong)} of another shape, e.g. "
+                         f"{wrong[0]} (a checkpoint of another model?)")
     result = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     if isinstance(getattr(model, "_tied_weights_keys", None), dict):
