@@ -53,6 +53,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "engine": ("hf", "hf-generate", "vllm"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "master_dtype": ("float32", "bfloat16"),
+    "old_logprob_pass": ("auto", "always"),
     "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
 }
 
@@ -71,7 +72,8 @@ MAX_SEED = 2**32 - 1
 RESUME_SAFE_FIELDS: frozenset[str] = frozenset({
     "total_steps", "output_dir", "resume", "logging_steps", "report_to", "save_steps", "save_total_limit",
     "val_every", "val_groups", "val_temperature", "engine", "engine_url", "generation_batch_size",
-    "micro_batch_size", "gradient_checkpointing", "deepspeed", "dtype",
+    "micro_batch_size", "gradient_checkpointing", "deepspeed", "dtype", "share_prefixes",
+    "old_logprob_pass",
 })
 
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -225,6 +227,19 @@ class StarPOConfig:
         "fraction of the memory (verl's default, enable_gradient_checkpointing: True). Measured with SmolLM2 on CPU: a "
         "micro-batch of 8 five-turn FrozenLake trajectories (~1,000 tokens each) peaks at 15 GB without it, 4.4 GB "
         "with it, in about the same time.",
+    )
+    old_logprob_pass: str = _f(
+        "auto",
+        "The no-grad pass for the old log-probs before the update: auto (skipped when the step makes exactly one "
+        "update and no in-reward KL needs them: that update's own forward is the policy that made the rollouts, "
+        "so its log-probs, detached, are the old ones exactly; the critic and reference passes still run when "
+        "needed) or always (the reference's: verl recomputes them every step).",
+    )
+    share_prefixes: bool = _f(
+        True,
+        "Pack each micro-batch into one row without padding, with each group's shared prefix (its prompt; on "
+        "multi-turn envs the first turn's) computed once for the policy and the critic: the same gradients as the "
+        "padded batch (float tolerance), for a fraction of the compute. false: pack every trajectory whole.",
     )
     dtype: str = _f(
         "auto",

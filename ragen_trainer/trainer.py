@@ -41,7 +41,6 @@ import os
 import random
 import shutil
 import signal
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -95,6 +94,7 @@ from ragen_trainer.models import (
     write_checkpoint_marker,
 )
 from ragen_trainer.monitor import EchoTrapMonitor, MetricsLogger, rollout_metrics, truncate_metrics
+from ragen_trainer.packing import PackedBatch, pack, use_packed_attention
 from ragen_trainer.precision import Precision
 from ragen_trainer.rollout import collect_rollouts
 from ragen_trainer.selfplay import OpponentPool, collect_selfplay_rollouts, selfplay_metrics
@@ -105,9 +105,9 @@ from ragen_trainer.update import (
     action_mask,
     compute_advantages,
     micro_batches,
-    pack_ids,
     ppo_loss,
     token_logprobs,
+    token_values,
     update_count,
 )
 
@@ -207,6 +207,7 @@ class StarPOTrainer:
         if cfg.use_critic:
             attach_critic(model, cfg.critic)
         install_policy_forward(model)
+        use_packed_attention(model)  # packed micro-batches: no padding, each group's prefix once (ragen_trainer.packing)
         if cfg.gradient_checkpointing:  # verl's default: the same gradients in a fraction of the activations' memory
             enable_activation_checkpointing(model)
         model.train()
@@ -222,6 +223,7 @@ class StarPOTrainer:
             ref_model.eval().requires_grad_(False)
             self.ref_model = ref_model.to(device=self.accelerator.device, dtype=self.precision.compute)
             install_policy_forward(self.ref_model)
+            use_packed_attention(self.ref_model)
 
         if engine is None:
             engine = make_training_engine(cfg, self.policy, tokenizer)
@@ -357,10 +359,14 @@ class StarPOTrainer:
         kept, filter_stats = self.filter(trajs)
         metrics.update(filter_stats)
 
-        # 3. Score: old log-probs (the rollout policy), reference log-probs, critic values.
+        # 3. Score: the old log-probs (the policy that made the rollouts) -- unless the step makes one update, whose
+        #    own forward gives them exactly -- the reference log-probs (KL) and the critic's values (GAE).
+        updates = update_count(len(kept), cfg.ppo_mini_batch_size, cfg.ppo_epochs)
+        logprob_pass = cfg.old_logprob_pass == "always" or updates > 1 or cfg.kl_reward_coef > 0
         t0 = time.perf_counter()
-        scores = self.score(kept)
+        scores = self.score(kept, logprobs=logprob_pass)
         timings["time/scoring"] = time.perf_counter() - t0
+        metrics["score/old_logprob_pass"] = float(logprob_pass)
 
         # 4. Advantages over the kept batch.
         batch, adv_metrics = self.compute_advantages(kept, scores)
@@ -370,8 +376,6 @@ class StarPOTrainer:
         t0 = time.perf_counter()
         stats = UpdateStats()
         mini_batches = batch.mini_batches(cfg.ppo_mini_batch_size)
-        updates = cfg.ppo_epochs * len(mini_batches)
-        assert updates == update_count(len(batch), cfg.ppo_mini_batch_size, cfg.ppo_epochs)
         for epoch in range(cfg.ppo_epochs):
             for index, members in enumerate(mini_batches):
                 self.update(batch, members, stats, timings)
@@ -492,12 +496,15 @@ class StarPOTrainer:
 
     # ------------------------------------------------------------------------------------------------- 3. score
     @torch.no_grad()
-    def score(self, kept: list[Trajectory]) -> dict[str, list[list[float]]]:
-        """Old log-probs, reference log-probs and values of the kept trajectories (per action position), computed
-        in the compute dtype as the update's forward, so the first update's ratio is exactly 1."""
+    def score(self, kept: list[Trajectory], *, logprobs: bool = True) -> dict[str, list[list[float]]]:
+        """Old log-probs (with ``logprobs``), reference log-probs and values of the kept trajectories (per action
+        position), computed in the compute dtype as the update's forward, so the first update's ratio is exactly 1.
+        Nothing to score (no log-probs asked, no reference model, no critic): no pass at all."""
+        if not (logprobs or self.ref_model is not None or self.cfg.use_critic):
+            return {}
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         size = self.cfg.micro_batch_size
-        mine = list(range(rank, len(kept), world))
+        mine = [int(i) for i in np.array_split(np.arange(len(kept)), world)[rank]]  # contiguous: groups stay together
         passes = max(1, math.ceil(len(kept) / (world * size)))  # the same on every process (ZeRO-3 gathers meet)
         out: dict[int, dict[str, list[float]]] = {}
         self.model.eval()
@@ -506,19 +513,25 @@ class StarPOTrainer:
                 chunk = mine[p * size:(p + 1) * size]
                 rows = chunk or [0]  # a pass with nothing of ours still runs (its result is dropped)
                 trajs = [kept[i] for i in rows]
-                ids, attn = pack_ids(trajs, self.tokenizer.pad_token_id)
-                mask = action_mask(trajs, ids.shape[1] - 1, torch.long)
-                ids, attn, mask = (x.to(self.accelerator.device) for x in (ids, attn, mask))
+                mask = action_mask(trajs, max(len(t.input_ids) for t in trajs) - 1)
+                packed = pack(trajs, mask, share_prefixes=self.cfg.share_prefixes).to(self.accelerator.device)
+                mask = mask.to(self.accelerator.device)
                 with self.precision.autocast():
-                    logp, _, values = token_logprobs(self.model, ids, attn, mask, temperature=self.cfg.temperature,
-                                                     entropy=False, values=self.cfg.use_critic)
+                    logp = values = None
+                    if logprobs:
+                        logp, _, values = token_logprobs(self.model, packed, mask, temperature=self.cfg.temperature,
+                                                         entropy=False, values=self.cfg.use_critic)
+                    elif self.cfg.use_critic:
+                        values = token_values(self.model, packed, mask)
                     ref = None
                     if self.ref_model is not None:
-                        ref, _, _ = token_logprobs(self.ref_model, ids, attn, mask, temperature=self.cfg.temperature,
+                        ref, _, _ = token_logprobs(self.ref_model, packed, mask, temperature=self.cfg.temperature,
                                                    entropy=False, values=False)
                 for row, i in enumerate(chunk):
                     n = len(kept[i].input_ids) - 1
-                    out[i] = {"old_logprobs": logp[row, :n].float().cpu().tolist()}
+                    out[i] = {}
+                    if logp is not None:
+                        out[i]["old_logprobs"] = logp[row, :n].float().cpu().tolist()
                     if ref is not None:
                         out[i]["ref_logprobs"] = ref[row, :n].float().cpu().tolist()
                     if values is not None:
@@ -546,12 +559,12 @@ class StarPOTrainer:
         cfg = self.cfg
         micros = micro_batches(batch, members, micro_batch_size=cfg.micro_batch_size,
                                rank=self.accelerator.process_index, world=self.accelerator.num_processes,
-                               agg_mode=cfg.loss_agg_mode, pad_id=self.tokenizer.pad_token_id)
+                               agg_mode=cfg.loss_agg_mode, share_prefixes=cfg.share_prefixes)
         for i, micro in enumerate(micros):
             last = i == len(micros) - 1
             t0 = time.perf_counter()
             with self._no_sync(not last):
-                micro = {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v
+                micro = {k: v.to(self.accelerator.device) if isinstance(v, (torch.Tensor, PackedBatch)) else v
                          for k, v in micro.items()}
                 with self.precision.autocast():
                     loss, micro_stats = self.compute_loss(self.model, micro)

@@ -189,7 +189,7 @@ RAGEN_ONLY: frozenset[str] = frozenset({
 #: Config fields whose reference counterpart differs by design (the doc says why); not compared per preset.
 NOT_COMPARED: frozenset[str] = frozenset({
     "env_id", "env_kwargs", "model", "seed", "protocol", "micro_batch_size", "gradient_checkpointing", "dtype",
-    "master_dtype",
+    "master_dtype", "share_prefixes", "old_logprob_pass",
     "lora_alpha",
 })
 

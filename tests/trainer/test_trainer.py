@@ -134,13 +134,16 @@ def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer)
     minis = batch.mini_batches(cfg.ppo_mini_batch_size)
     assert minis == [[0, 1, 2, 3]]  # 4 kept trajectories, mini-batches of 32
     micro = micro_batches(batch, minis[0], micro_batch_size=cfg.micro_batch_size, rank=0, world=1,
-                          agg_mode=cfg.loss_agg_mode, pad_id=tiny_tokenizer.pad_token_id)
+                          agg_mode=cfg.loss_agg_mode)
     assert len(micro) == 2  # micro-batches of 2
     eos = tiny_tokenizer.eos_token_id
     for mb in micro:
-        ids, mask, adv = mb["input_ids"], mb["mask"], mb["advantages"]
-        for row in range(ids.shape[0]):
-            trained = ids[row, 1:][mask[row] > 0].tolist()
+        mask, adv = mb["mask"], mb["advantages"]
+        # the packed row trains exactly the positions of the mask, each predicting the model's own next token
+        assert int(mb["packed"].select.sum()) == int((mask > 0).sum())
+        for row, i in enumerate(mb["rows"]):
+            ids = torch.tensor(batch.kept[i].input_ids)
+            trained = ids[1:][mask[row][: len(ids) - 1] > 0].tolist()
             text = tiny_tokenizer.decode([t for t in trained if t != eos])
             assert text in ("Phoenix", "PhoenixDragon", "Dragon")  # only the model's replies
             assert trained.count(eos) >= 1  # each reply's own end-of-turn token is trained
@@ -162,7 +165,7 @@ class CountingTrainer(StarPOTrainer):
         self.seeds_seen = []
 
     def compute_loss(self, model, micro):
-        self.loss_rows.append((micro["input_ids"].shape[0], int((micro["mask"].sum(-1) > 0).sum())))
+        self.loss_rows.append((len(micro["rows"]), int((micro["mask"].sum(-1) > 0).sum())))
         return super().compute_loss(model, micro)
 
 
@@ -308,7 +311,7 @@ def test_policy_forward_selected_logits_match_full_logits_and_copy_is_independen
     out = model(input_ids=ids, logits_mask=mask, return_values=True)
     assert out["selected_logits"].shape == (4, len(tiny_tokenizer))
     assert torch.allclose(out["selected_logits"], full[mask], atol=1e-5)
-    assert out["values"].shape == (2, 7) and torch.all(out["values"] == 0)  # zero-initialised head
+    assert out["critic_values"].shape == (2, 7) and torch.all(out["critic_values"] == 0)  # zero-initialised head
     ref = policy_copy(model)
     assert get_critic(ref) is None
     with torch.no_grad():
