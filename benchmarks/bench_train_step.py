@@ -63,7 +63,7 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def run(keep: float, model: Any, tok: Any, args: argparse.Namespace, out: Path) -> dict[str, float]:
     from ragen_trainer.config import load_config
-    from ragen_trainer.trainer import StarPOTrainer
+    from ragen_trainer.trainer import StarPOTrainer, TrainerCallback
 
     cfg = load_config("starpo-s").replace(
         env_id=args.env, output_dir=str(out / f"keep-{keep}"), total_steps=args.steps, env_groups=args.groups,
@@ -72,18 +72,17 @@ def run(keep: float, model: Any, tok: Any, args: argparse.Namespace, out: Path) 
         resume=False, report_to=["jsonl"], actor_lr=1e-5, generation_batch_size=64,
         gradient_checkpointing=False,  # the documented figures were measured without it (the default is on)
     ).validate()
-    trainer = StarPOTrainer(cfg, model, tok)
     step_times: list[float] = []
-    from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
-        def on_step_begin(self, a, state, control, **kw):
+        def on_train_begin(self, trainer: Any, step: int) -> None:
             self.t = time.perf_counter()
 
-        def on_step_end(self, a, state, control, **kw):
+        def on_step_end(self, trainer: Any, step: int, metrics: dict[str, float]) -> None:
             step_times.append(time.perf_counter() - self.t)
+            self.t = time.perf_counter()
 
-    trainer.add_callback(Clock())
+    trainer = StarPOTrainer(cfg, model, tok, callbacks=[Clock()])
     trainer.train()
     rows = trainer.history
     out_row = {}

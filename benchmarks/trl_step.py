@@ -256,6 +256,25 @@ class _StepClock:
         self.seconds: list[float] = []
         self.callback = Callback()
 
+    def ragen_callback(self) -> Any:
+        """The same clock as a :class:`ragen_trainer.trainer.TrainerCallback` (a ragen step: rollout to update)."""
+        from ragen_trainer.trainer import TrainerCallback
+
+        clock = self
+
+        class RagenCallback(TrainerCallback):
+            def on_train_begin(self, trainer: Any, step: int) -> None:
+                clock.t0 = time.perf_counter()
+
+            def on_step_end(self, trainer: Any, step: int, metrics: dict[str, float]) -> None:
+                seconds = time.perf_counter() - clock.t0
+                clock.seconds.append(seconds)
+                kind = "warm-up" if len(clock.seconds) <= clock.warmup else "timed"
+                _log(f"{clock.label}: step {len(clock.seconds)}/{clock.total} ({kind}) {seconds:.1f} s")
+                clock.t0 = time.perf_counter()
+
+        return RagenCallback()
+
 
 def _mean(values: list[float]) -> float:
     return statistics.mean(values) if values else float("nan")
@@ -286,9 +305,8 @@ def run_ragen(cfg: Any, model: Any, tokenizer: Any, warmup: int) -> dict[str, An
     """``cfg.total_steps`` steps of :class:`StarPOTrainer`; the row averages the steps after ``warmup``."""
     from ragen_trainer.trainer import StarPOTrainer
 
-    trainer = StarPOTrainer(cfg, model, tokenizer)
     clock = _StepClock("ragen-trainer", cfg.total_steps, warmup)
-    trainer.add_callback(clock.callback)
+    trainer = StarPOTrainer(cfg, model, tokenizer, callbacks=[clock.ragen_callback()])
     trainer.train()
     history = trainer.history
     if len(history) != cfg.total_steps or len(clock.seconds) != cfg.total_steps:

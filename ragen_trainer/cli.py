@@ -245,18 +245,20 @@ def _need_package(package: str, name: str, value: Any, allowed: str) -> None:
 
 
 def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrite: bool = False) -> int:
-    """Load the model, build the trainer, train; returns the exit status (0, or 130 after Ctrl-C).
+    """Load the model, build the trainer, train; returns the exit status (0; 130 after Ctrl-C; 1 when the disk filled
+    up during a save).
 
     ``force_resume`` / ``overwrite`` are ``--resume`` / ``--overwrite`` (see :meth:`StarPOTrainer.train`)."""
     from accelerate import PartialState
 
     from ragen_trainer.models import ModelLoadError, load_model_and_tokenizer
-    from ragen_trainer.trainer import StarPOTrainer
+    from ragen_trainer.precision import compute_dtype
+    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer
 
     state = PartialState()
     device = state.device
-    try:
-        model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device,
+    try:  # the trained weights are stored in master_dtype (float32: the reference's fp32 master weights)
+        model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.master_dtype, device=device,
                                                     lora=cfg.lora_settings())
     except ModelLoadError as exc:  # e.g. a cached hub id whose weights are missing: the check cannot see that
         print(f"ragen-trainer train: error: invalid config field model={cfg.model!r}: {exc}", file=sys.stderr)
@@ -268,24 +270,28 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
             return EXIT_USAGE
         raise
     ref_model = None
-    if cfg.kl_coef > 0 or cfg.kl_reward_coef > 0:  # the reference is the model as loaded, even on resume
-        ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
-    engine = None
-    if cfg.engine == "vllm":
-        from ragen_trainer.engines import VLLMEngine
-
-        engine = VLLMEngine(cfg.model, tokenizer, mode="server", base_url=cfg.engine_url)
-    trainer = StarPOTrainer(cfg, model, tokenizer, engine=engine, ref_model=ref_model)
+    if cfg.kl_coef > 0 or cfg.kl_reward_coef > 0:  # the frozen reference, as loaded even on resume; never updated
+        ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=compute_dtype(cfg.dtype, device), device=device)
+    trainer = StarPOTrainer(cfg, model, tokenizer, ref_model=ref_model)
     try:
         result = trainer.train(force_resume=force_resume, overwrite=overwrite)
-    except RunConflictError as exc:  # the output folder changed between the check and now
+    except (RunConflictError, ValueError) as exc:  # the output folder changed, or its checkpoint does not fit
         print(f"ragen-trainer train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except CheckpointSaveError as exc:
+        print(f"ragen-trainer train: error: {exc}", file=sys.stderr)
+        return 1
     if state.is_main_process:
-        if result.interrupted:
-            where = result.checkpoint or "(no step had finished: nothing to save)"
-            print(f"interrupted at step {result.global_step}: checkpoint saved to {where}; run the same command "
-                  f"again to resume", file=sys.stderr)
+        if result.finished_before:
+            print(f"the run in {cfg.output_dir} already finished its {result.global_step} steps: nothing to do "
+                  f"(model in {result.final_model}); pass a larger --total_steps to continue it, or --overwrite to "
+                  "start over", file=sys.stderr)
+        elif result.interrupted and result.checkpoint is None:
+            print("interrupted before the first step finished: nothing to save; run the same command again to "
+                  "start", file=sys.stderr)
+        elif result.interrupted:
+            print(f"interrupted at step {result.global_step}: checkpoint saved to {result.checkpoint}; run the same "
+                  "command again to resume", file=sys.stderr)
         else:
             val = result.metrics.get("val/success")
             val_text = f", validation success {100 * val:.1f}%" if val is not None else ""

@@ -43,6 +43,7 @@ import importlib.util
 import math
 import re
 import types
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
@@ -62,6 +63,8 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "reply_tokens": ("cleaned", "sampled"),
     "engine": ("hf", "hf-generate", "vllm"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "master_dtype": ("float32", "bfloat16"),
+    "old_logprob_pass": ("auto", "always"),
     "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
 }
 
@@ -80,7 +83,8 @@ MAX_SEED = 2**32 - 1
 RESUME_SAFE_FIELDS: frozenset[str] = frozenset({
     "total_steps", "output_dir", "resume", "logging_steps", "report_to", "save_steps", "save_total_limit",
     "val_every", "val_groups", "val_temperature", "engine", "engine_url", "generation_batch_size",
-    "micro_batch_size", "gradient_checkpointing", "deepspeed",
+    "micro_batch_size", "gradient_checkpointing", "deepspeed", "dtype", "share_prefixes",
+    "old_logprob_pass",
     # a label: the values a preset implies are compared field by field (and configs saved before it existed lack it)
     "preset",
 })
@@ -252,7 +256,9 @@ class StarPOConfig:
     actor_lr: float = _f(1e-6, "Learning rate of the policy.")
     critic_lr: float = _f(1e-5, "Learning rate of the critic.")
     weight_decay: float = _f(0.01, "AdamW weight decay of the policy and the critic (verl's 0.01).")
-    warmup_steps: int = _f(0, "Learning-rate warm-up steps.")
+    warmup_steps: int = _f(
+        0, "Learning-rate warm-up, in training steps (the schedule advances once per training step, as verl's)."
+    )
     lr_scheduler_type: str = _f("constant", "Learning-rate schedule.")
     max_grad_norm: float = _f(1.0, "Gradient clipping of the policy by its global norm.")
     critic_max_grad_norm: float = _f(1.0, "Gradient clipping of the critic by its own global norm.")
@@ -264,7 +270,32 @@ class StarPOConfig:
         "micro-batch of 8 five-turn FrozenLake trajectories (~1,000 tokens each) peaks at 15 GB without it, 4.4 GB "
         "with it, in about the same time.",
     )
-    dtype: str = _f("auto", "Weights dtype: auto (bfloat16 on a GPU that supports it, else float32), or explicit.")
+    old_logprob_pass: str = _f(
+        "auto",
+        "The no-grad pass for the old log-probs before the update: auto (skipped when the step makes exactly one "
+        "update and no in-reward KL needs them: that update's own forward is the policy that made the rollouts, "
+        "so its log-probs, detached, are the old ones exactly; the critic and reference passes still run when "
+        "needed) or always (the reference's: verl recomputes them every step).",
+    )
+    share_prefixes: bool = _f(
+        True,
+        "Pack each micro-batch into one row without padding, with each group's shared prefix (its prompt; on "
+        "multi-turn envs the first turn's) computed once for the policy and the critic: the same gradients as the "
+        "padded batch (float tolerance), for a fraction of the compute. false: pack every trajectory whole.",
+    )
+    dtype: str = _f(
+        "auto",
+        "Compute dtype of the training and scoring passes (torch.autocast, or the distributed engine's own mixed "
+        "precision): auto (bfloat16 on a GPU that supports it, as the reference; float32 elsewhere), float32, "
+        "bfloat16 (on a CPU with AVX-512 BF16 or AMX, or a GPU) or float16 (GPU only). The weights and the optimizer "
+        "state are stored in master_dtype.",
+    )
+    master_dtype: str = _f(
+        "float32",
+        "Stored dtype of the trained weights and the optimizer state (what checkpoints hold): float32 (the "
+        "reference's fp32 master weights) or bfloat16 (pure bf16: half the memory, but updates smaller than a "
+        "bf16 spacing are rounded away; at actor_lr 1e-6 most weights never move, and validation warns).",
+    )
     lora_rank: int = _f(
         0,
         "0 = full fine-tuning; > 0 trains a LoRA adapter of this rank through peft (the reference: 64, with actor_lr "
@@ -378,6 +409,11 @@ class StarPOConfig:
         if self.adv_estimator == "grpo":
             _check(self.group_size >= 2 or not self.grpo_norm_by_std, "group_size", self.group_size,
                    "an int >= 2 for grpo (a group of one has no baseline)")
+        _check(self.master_dtype == "float32" or self.dtype == self.master_dtype, "master_dtype", self.master_dtype,
+               f"'float32', or the compute dtype itself (dtype={self.dtype!r}) for pure low-precision training")
+        advice = pure_low_precision_advice(self.master_dtype, self.actor_lr)
+        if advice:
+            warnings.warn(advice, UserWarning, stacklevel=2)
         self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
         if self.opponent_pool:
             from ragen_trainer.selfplay import check_opponent_pool
@@ -449,6 +485,23 @@ class StarPOConfig:
     def replace(self, **changes: Any) -> StarPOConfig:
         """A copy with ``changes`` applied (unknown names raise ``ValueError``), not yet validated."""
         return apply_overrides(self, changes)
+
+
+#: The relative spacing of numbers (machine epsilon) of the low-precision dtypes a weight may be stored in.
+_DTYPE_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+def pure_low_precision_advice(master_dtype: str, actor_lr: float) -> str | None:
+    """The warning for pure low-precision training (weights stored in ``master_dtype`` other than float32), else
+    ``None``. AdamW moves a weight by about the learning rate per step; stored in bfloat16, a weight near 0.05 can only
+    take steps of ``0.05 * 2**-7`` ~ 4e-4, so smaller updates round to nothing."""
+    if master_dtype == "float32":
+        return None
+    spacing = 0.05 * _DTYPE_EPS[master_dtype]
+    return (f"master_dtype={master_dtype!r} stores the weights and the optimizer state in {master_dtype}: near a "
+            f"typical weight (0.05) its numbers are {spacing:.0e} apart, so AdamW updates of about actor_lr="
+            f"{actor_lr:g} are {'mostly ' if actor_lr < spacing else 'partly '}rounded away; the reference keeps "
+            "float32 master weights and computes in bfloat16 (master_dtype='float32', dtype='bfloat16')")
 
 
 # ---------------------------------------------------------------------------------------------------------- presets

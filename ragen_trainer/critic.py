@@ -1,8 +1,8 @@
 """The critic of StarPO's PPO backbone: a value head on the policy's backbone, or a separate value model.
 
 The critic is registered as a sub-module ``ragen_critic`` of the policy model, and the policy's ``forward`` learns an
-extra keyword, ``return_values=True``, which adds a ``values`` tensor ``[B, L]`` to the output (the value of the
-state *after* reading token ``t``, so ``values[:, t-1]`` is the baseline of token ``t``); see
+extra keyword, ``return_values=True``, which adds a values tensor ``[B, L]`` (key ``critic_values``) to the output
+(the value of the state *after* reading token ``t``, so ``values[:, t-1]`` is the baseline of token ``t``); see
 :func:`install_policy_forward`, which also adds the memory-saving ``logits_mask``. Keeping policy and critic
 in one module, called through one ``forward``, is what lets ``accelerate``/DDP/DeepSpeed wrap, shard and
 all-reduce both without any special case (this is how TRL adds its fused LM head, too). The checkpoint code saves the
@@ -30,6 +30,9 @@ CRITIC_ATTR = "ragen_critic"
 #: File the critic's weights are saved to, inside a checkpoint folder.
 CRITIC_FILE = "critic.safetensors"
 CRITIC_KINDS: tuple[str, ...] = ("value_head", "value_model")
+#: The output key of the critic's values. Not ``values``: a ``ModelOutput`` is a mapping, and a key named ``values``
+#: would shadow its ``.values()`` method, which DeepSpeed's engine calls on forward outputs.
+VALUES_KEY = "critic_values"
 
 
 def _hidden_size(model: nn.Module) -> int:
@@ -65,8 +68,9 @@ class ValueModel(nn.Module):
         self.backbone = backbone
         self.head = ValueHead(hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """Values ``[B, L]``; ``kwargs`` (``position_ids``, a packed layout) go to the backbone as to the policy's."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         return self.head(out.last_hidden_state)
 
 
@@ -99,7 +103,8 @@ def install_policy_forward(model: nn.Module) -> None:
       Multi-turn conversations are mostly prompt and environment text, and vocabularies are large (Qwen: 151k), so
       this is what keeps the trainer's memory proportional to the model's own tokens (TRL's fused LM head does the
       same for its single-turn case).
-    * ``return_values=True``: add the critic's ``values`` ``[B, L]``.
+    * ``return_values=True``: add the critic's values ``[B, L]`` (key :data:`VALUES_KEY`); ``values_only=True``: return only them (a
+      separate value model then runs alone, without the policy).
 
     Both happen inside ``forward``, so DDP / DeepSpeed see one ordinary forward call.
     """
@@ -112,18 +117,28 @@ def install_policy_forward(model: nn.Module) -> None:
 
     @functools.wraps(type(model).forward)
     def forward(*args: Any, return_values: bool = False, logits_mask: torch.Tensor | None = None,
-                **kwargs: Any) -> Any:
-        if logits_mask is None and not return_values:
+                values_only: bool = False, **kwargs: Any) -> Any:
+        if logits_mask is None and not return_values and not values_only:
             return original_forward(*args, **kwargs)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         head = getattr(model, CRITIC_ATTR, None)
+        # what the backbones take besides the ids and the mask: position ids, a packed layout (ragen_trainer.packing)
+        extra = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask", "output_hidden_states")}
+        if values_only:
+            if head is None:
+                raise ValueError("values_only=True needs a critic: call attach_critic(model, kind) first")
+            if isinstance(head, ValueHead):
+                hidden = model.get_decoder()(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"),
+                                             use_cache=False, **extra).last_hidden_state
+                return ModelOutput({VALUES_KEY: head(hidden)})
+            return ModelOutput({VALUES_KEY: head(input_ids, kwargs.get("attention_mask"), **extra)})
         if logits_mask is None:  # full logits plus values
             kwargs["output_hidden_states"] = True
             out = original_forward(*args, **kwargs)
             hidden = out.hidden_states[-1]
         else:
             decoder = model.get_decoder()
-            out = decoder(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), use_cache=False)
+            out = decoder(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), use_cache=False, **extra)
             hidden = out.last_hidden_state
             logits = model.get_output_embeddings()(hidden[logits_mask.bool()])
             if scale is not None:
@@ -135,9 +150,9 @@ def install_policy_forward(model: nn.Module) -> None:
             if head is None:
                 raise ValueError("return_values=True needs a critic: call attach_critic(model, kind) first")
             if isinstance(head, ValueHead):
-                out["values"] = head(hidden)
+                out[VALUES_KEY] = head(hidden)
             else:
-                out["values"] = head(input_ids, kwargs.get("attention_mask"))
+                out[VALUES_KEY] = head(input_ids, kwargs.get("attention_mask"), **extra)
         return out
 
     model.forward = forward

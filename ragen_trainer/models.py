@@ -587,6 +587,57 @@ def checkpoint_problems(path: str | os.PathLike[str], *, training_state: bool = 
     return problems
 
 
+def enable_activation_checkpointing(model: Any) -> None:
+    """Recompute each layer's activations in the backward pass (non-reentrant, so a LoRA model's frozen embeddings
+    need no input gradients), under the name transformers has: ``activation_checkpointing_enable`` since 5.24,
+    ``gradient_checkpointing_enable`` before (which now warns)."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    try:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    except TypeError:  # the older keyword
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def load_policy_weights(model: Any, folder: str | os.PathLike[str]) -> None:
+    """Load the policy weights of a checkpoint folder into ``model`` in place: a peft adapter
+    (``adapter_model.safetensors``) into a peft model, else ``model.safetensors`` (or its shards). The critic
+    (``ragen_critic.*``, saved apart) and tied output embeddings may be absent; any other missing or unexpected
+    weight is a ``ValueError`` naming a few of them."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if (folder / "adapter_config.json").is_file():
+        from peft import set_peft_model_state_dict
+
+        state = load_file(str(folder / "adapter_model.safetensors"))
+        result = set_peft_model_state_dict(model, state)
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if unexpected:
+            raise ValueError(f"the adapter in {folder} does not fit the model: unexpected weights {unexpected[:5]}")
+        return
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        state = {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
+    else:
+        state = load_file(str(folder / "model.safetensors"))
+    own = model.state_dict()
+    wrong = [f"{k} {tuple(v.shape)} (the model's: {tuple(own[k].shape)})" for k, v in state.items()
+             if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise ValueError(f"the weights in {folder} do not fit the model: {len(wrong)} of another shape, e.g. "
+                         f"{wrong[0]} (a checkpoint of another model?)")
+    result = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    if isinstance(getattr(model, "_tied_weights_keys", None), dict):
+        tied = set(model._tied_weights_keys)
+    missing = [k for k in result.missing_keys if "ragen_critic" not in k and k not in tied
+               and not (k.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False))]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"the weights in {folder} do not fit the model: missing {missing[:5]}, unexpected "
+                         f"{list(result.unexpected_keys)[:5]} (a checkpoint of another model?)")
+
+
 def list_checkpoints(output_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """``(optimizer step, folder)`` of every ``checkpoint-N`` folder in ``output_dir``, oldest first."""
     folder = Path(output_dir)

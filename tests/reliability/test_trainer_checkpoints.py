@@ -29,12 +29,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from transformers import TrainerCallback
-
 from ragen_trainer.config import RunConflictError, load_config
 from ragen_trainer.models import checkpoint_problems
 from ragen_trainer.monitor import MetricsLogger, read_metrics
-from ragen_trainer.trainer import StarPOTrainer
+from ragen_trainer.trainer import StarPOTrainer, TrainerCallback
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model, build_tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,13 +56,13 @@ def tokenizer():
 
 
 class StartStep(TrainerCallback):
-    """Records the optimizer step training starts from (the resumed checkpoint's)."""
+    """Records the training step training starts from (the resumed checkpoint's)."""
 
     def __init__(self):
         self.step = None
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self.step = state.global_step
+    def on_train_begin(self, trainer, step):
+        self.step = step
 
 
 def train(tokenizer, out, *, model_seed=0, callbacks=(), train_kwargs=None, **changes):
@@ -172,21 +170,21 @@ def test_no_whole_checkpoint_starts_from_the_initial_model(run_copy, tokenizer, 
 
 def test_a_save_that_raises_midway_leaves_no_checkpoint(tmp_path, tokenizer, monkeypatch, caplog):
     out = tmp_path / "run"
-    original = StarPOTrainer._save_optimizer_and_scheduler
+    original = StarPOTrainer._save_training_state
 
     def failing(self, output_dir):
-        if self.state.global_step == 2:
-            raise OSError("No space left on device (simulated)")
+        if self.global_step == 2:
+            raise OSError("the disk went away (simulated)")
         return original(self, output_dir)
 
-    monkeypatch.setattr(StarPOTrainer, "_save_optimizer_and_scheduler", failing)
+    monkeypatch.setattr(StarPOTrainer, "_save_training_state", failing)
     with pytest.raises(OSError, match="simulated"):
         train(tokenizer, out)
     assert (out / "checkpoint-1").is_dir() and not (out / "checkpoint-2").exists()
     assert not list(out.glob(".saving-*"))  # the half-written save was removed
     assert steps_of(out) == [1, 2]  # step 2 was logged before its save failed
 
-    monkeypatch.setattr(StarPOTrainer, "_save_optimizer_and_scheduler", original)
+    monkeypatch.setattr(StarPOTrainer, "_save_training_state", original)
     result, start, _ = train(tokenizer, out, model_seed=5)
     assert start == 1 and result.global_step == 3
     assert steps_of(out) == [1, 2, 3]  # step 2's first row was dropped, its rerun written once
@@ -247,25 +245,24 @@ def test_a_changed_config_is_refused_unless_forced_or_overwritten(run_copy, toke
 CHILD = r"""
 import os, signal, sys, time
 sys.path.insert(0, sys.argv[1])
-from transformers import TrainerCallback
 from tests.reliability.test_trainer_checkpoints import small_config
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model, build_tiny_tokenizer
-from ragen_trainer.trainer import StarPOTrainer
+from ragen_trainer.trainer import StarPOTrainer, TrainerCallback
 
 out, mode = sys.argv[2], sys.argv[3]
 cfg = small_config(out, total_steps=50, save_steps=0 if mode == "interrupt" else 1)
-original = StarPOTrainer._save_optimizer_and_scheduler
+original = StarPOTrainer._save_training_state
 
 def slow_save(self, output_dir):  # a slow disk: the window in which the signals arrive
-    print(f"SAVING {self.state.global_step}", flush=True)
+    print(f"SAVING {self.global_step}", flush=True)
     time.sleep(float(os.environ.get("RAGEN_TEST_SAVE_SECONDS", "2")))
     return original(self, output_dir)
 
-StarPOTrainer._save_optimizer_and_scheduler = slow_save
+StarPOTrainer._save_training_state = slow_save
 
 class CtrlCAfterStep1(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 1:
+    def on_step_end(self, trainer, step, metrics):
+        if step == 1:
             os.kill(os.getpid(), signal.SIGINT)
 
 tok = build_tiny_tokenizer()

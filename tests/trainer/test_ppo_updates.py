@@ -17,7 +17,8 @@ from ragen_envs.driver import play_episodes, rollout_jobs
 from ragen_trainer.config import load_config
 from ragen_trainer.filtering import filter_groups, num_kept
 from ragen_trainer.losses import policy_loss
-from ragen_trainer.trainer import StarPOTrainer, mini_batch_count, updates_per_step
+from ragen_trainer.trainer import StarPOTrainer
+from ragen_trainer.update import UpdateStats, update_count
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 
 #: Bandit replies that differ inside a group, so every group has a reward spread and non-zero advantages.
@@ -53,7 +54,7 @@ def _train(tmp_path, tokenizer, name, **changes):
 
 def test_mini_batches_move_the_ratio_and_clipping_engages(tmp_path, tiny_tokenizer):
     cfg = _config(tmp_path, "plan")
-    assert mini_batch_count(cfg) == 4 and updates_per_step(cfg) == 4  # 8 trajectories / 2 per mini-batch
+    assert update_count(8, cfg.ppo_mini_batch_size, cfg.ppo_epochs) == 4  # 8 trajectories / 2 per mini-batch
     row, _ = _train(tmp_path, tiny_tokenizer, "clip")
     assert row["optim/updates"] == 4
     assert row["policy/clipfrac"] > 0, row
@@ -93,12 +94,13 @@ def test_critic_gradients_are_clipped_by_their_own_norm(tmp_path, tiny_tokenizer
     for p in actor + critic:
         p.grad = torch.ones_like(p)
     critic_before = [p.grad.clone() for p in critic]
-    norm = trainer._clip_grad_norm(trainer.model)
-    assert float(norm) > 1.0
+    stats = UpdateStats()
+    trainer._clip_gradients(stats)
+    norms = stats.reduce(trainer.accelerator, updates=1)
+    assert norms["optim/grad_norm"] > 1.0 and norms["critic/grad_norm"] > 0
     assert float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in actor]))) == pytest.approx(1e-3, rel=1e-3)
     # a joint clip would have scaled the critic's gradients down with the policy's
     assert all(torch.equal(p.grad, g) for p, g in zip(critic, critic_before))
-    assert trainer._grad_norms["critic/grad_norm"] and trainer._grad_norms["optim/grad_norm"]
 
 
 def test_value_model_run_logs_both_gradient_norms(tmp_path, tiny_tokenizer):

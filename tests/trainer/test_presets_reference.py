@@ -35,7 +35,10 @@ NOT_RECORDED: dict[str, str] = {
     "protocol": "per env (ragen_envs ProtocolSettings, docs/fidelity.md); enable_think is recorded",
     "micro_batch_size": "a memory knob (the loss's micro-batch is loss_agg_micro_size)",
     "gradient_checkpointing": "a memory knob (on, as verl)",
-    "dtype": "precision, not a training setting",
+    "dtype": "the compute dtype (bfloat16 under the reference's FSDP mixed precision on a GPU)",
+    "master_dtype": "the stored dtype: float32, as the reference's FSDP parameters and AdamW state",
+    "share_prefixes": "how a micro-batch is laid out (packed), not what is computed",
+    "old_logprob_pass": "skips a scoring pass whose log-probs equal the update's own (one update per step)",
     "lora_alpha": "unused at rank 0",
     "lora_rank": "full fine-tuning in both (lora.enabled False / lora.rank 0)",
     "lora_target_modules": "unused at rank 0",
@@ -57,10 +60,6 @@ RAGEN_ONLY: frozenset[str] = frozenset({
     "output_dir", "engine", "engine_url", "generation_batch_size", "logging_steps", "report_to", "save_steps",
     "save_total_limit", "resume", "deepspeed", "opponent_pool", "opponent_snapshot_every", "opponent_pool_size",
 })
-#: (preset, field, reference) where the preset deliberately holds another value than the record: why.
-DEVIATIONS: dict[tuple[str, str, str], str] = {
-    ("starpo-s-value-head", "critic", "paper"): "ragen's cheaper critic (not recorded anyway)",
-}
 
 
 def expected(name: str, reference: str) -> dict[str, tuple[Any, dict[str, Any]]]:

@@ -112,11 +112,12 @@ def small_selfplay_config(tmp_path, **changes):
 
 
 def test_short_selfplay_run_updates_the_policy_and_logs_per_seat_metrics(tmp_path, tiny_tokenizer, monkeypatch):
-    import ragen_trainer.selfplay as selfplay
+    import ragen_trainer.trainer as trainer_module
 
     calls = []
-    real = selfplay.collect_selfplay_rollouts
-    monkeypatch.setattr(selfplay, "collect_selfplay_rollouts", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    real = trainer_module.collect_selfplay_rollouts
+    monkeypatch.setattr(trainer_module, "collect_selfplay_rollouts",
+                        lambda *a, **k: calls.append(a[3]) or real(*a, **k))
     model = build_tiny_model(tiny_tokenizer)
     before = params_of(model)
     cfg = small_selfplay_config(tmp_path, val_every=1, val_groups=3)

@@ -12,11 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from transformers import AutoModelForCausalLM, TrainerCallback
+from transformers import AutoModelForCausalLM
 
 from ragen_trainer.config import load_config
 from ragen_trainer.critic import CRITIC_FILE, get_critic
-from ragen_trainer.trainer import StarPOTrainer
+from ragen_trainer.trainer import StarPOTrainer, TrainerCallback
+from ragen_trainer.update import micro_batches
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 
 
@@ -130,15 +131,21 @@ def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2, loss_mask="replies")
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
-    minis = trainer._rollout_step()
-    assert len(minis) == trainer.n_mini == 1  # 4 kept trajectories, mini-batches of 32
-    micro = minis[0]
-    assert len(micro) == trainer.n_micro == 2
+    kept, _ = trainer.filter(trainer.rollout(0)[0])
+    batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
+    minis = batch.mini_batches(cfg.ppo_mini_batch_size)
+    assert minis == [[0, 1, 2, 3]]  # 4 kept trajectories, mini-batches of 32
+    micro = micro_batches(batch, minis[0], micro_batch_size=cfg.micro_batch_size, rank=0, world=1,
+                          agg_mode=cfg.loss_agg_mode)
+    assert len(micro) == 2  # micro-batches of 2
     eos = tiny_tokenizer.eos_token_id
     for mb in micro:
-        ids, mask, adv = mb["input_ids"], mb["mask"], mb["advantages"]
-        for row in range(ids.shape[0]):
-            trained = ids[row, 1:][mask[row] > 0].tolist()
+        mask, adv = mb["mask"], mb["advantages"]
+        # the packed row trains exactly the positions of the mask, each predicting the model's own next token
+        assert int(mb["packed"].select.sum()) == int((mask > 0).sum())
+        for row, i in enumerate(mb["rows"]):
+            ids = torch.tensor(batch.kept[i].input_ids)
+            trained = ids[1:][mask[row][: len(ids) - 1] > 0].tolist()
             text = tiny_tokenizer.decode([t for t in trained if t != eos])
             assert text in ("Phoenix", "PhoenixDragon", "Dragon")  # only the model's replies
             assert trained.count(eos) >= 1  # each reply's own end-of-turn token is trained
@@ -176,9 +183,9 @@ class CountingTrainer(StarPOTrainer):
         self.loss_rows = []  # (rows in the micro-batch, rows with trained tokens)
         self.seeds_seen = []
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        self.loss_rows.append((inputs["input_ids"].shape[0], int((inputs["mask"].sum(-1) > 0).sum())))
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+    def compute_loss(self, model, micro):
+        self.loss_rows.append((len(micro["rows"]), int((micro["mask"].sum(-1) > 0).sum())))
+        return super().compute_loss(model, micro)
 
 
 @pytest.mark.parametrize("ratio,expected_rows,expected_micro", [(0.25, 2, 1), (1.0, 8, 4)])
@@ -198,13 +205,13 @@ def test_filtered_groups_never_reach_the_backward_pass(tmp_path, tiny_tokenizer,
 
 
 class StopAt(TrainerCallback):
-    """Simulates Ctrl-C: sends SIGINT to this process after the given optimizer step."""
+    """Simulates Ctrl-C: sends SIGINT to this process after the given training step."""
 
     def __init__(self, step):
         self.step = step
 
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+    def on_step_end(self, trainer, step, metrics):
+        if step == self.step:
             os.kill(os.getpid(), signal.SIGINT)
 
 
@@ -221,11 +228,11 @@ def test_ctrl_c_saves_then_resume_continues(tmp_path, tiny_tokenizer):
     assert (out / "checkpoint-1" / CRITIC_FILE).is_file()
     assert json.loads((out / "summary.json").read_text())["interrupted"] is True
     assert not (out / "final").exists()
-    saved_critic = {k: v.clone() for k, v in get_critic(first.model).state_dict().items()}
+    saved_critic = {k: v.clone() for k, v in get_critic(first.policy).state_dict().items()}
 
     second = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer, seed=5), tiny_tokenizer, engine=engine)
-    second._load_from_checkpoint(str(out / "checkpoint-1"))
-    for k, v in get_critic(second.model).state_dict().items():
+    second.load_checkpoint(str(out / "checkpoint-1"))
+    for k, v in get_critic(second.policy).state_dict().items():
         assert torch.equal(v, saved_critic[k]), k  # the critic comes back with the policy
     result = second.train()  # resumes from checkpoint-1 (config.resume)
     assert not result.interrupted and result.global_step == 3
@@ -244,11 +251,11 @@ def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny
     seen = {}
 
     class Peek(TrainerCallback):
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            seen["step"] = state.global_step
-            seen["weights"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        def on_train_begin(self, trainer, step):
+            seen["step"] = step
+            seen["weights"] = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
 
-    resumed.add_callback(Peek())
+    resumed.callbacks.append(Peek())
     result = resumed.train()
     assert result.global_step == 2
     # Adam's step counter continues from checkpoint-1 (1 step) rather than restarting: 1 + 1 = 2
@@ -261,7 +268,7 @@ def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny
     # the Echo Trap monitor carries on with the history of step 1 instead of starting blind
     saved = json.loads((tmp_path / "run" / "checkpoint-1" / "echo_trap_monitor.json").read_text())
     assert len(saved["std"]) == 1
-    assert len(resumed._echo_monitor().state_dict()["std"]) == 2
+    assert len(resumed.monitor.state_dict()["std"]) == 2
 
 
 def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
@@ -274,11 +281,11 @@ def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
     assert critic.kind == "value_model"
     backbone_before = {k: v.clone() for k, v in critic.state_dict().items()}
     calls = []
-    original = trainer._rollout_step
-    trainer._rollout_step = lambda: calls.append(trainer.state.global_step) or original()
+    original = trainer.rollout
+    trainer.rollout = lambda step: calls.append(step) or original(step)
     result = trainer.train()
-    assert result.global_step == 2 and trainer.state.global_step == 4  # 2 steps x 2 epochs of updates
-    assert calls == [0, 2]  # one rollout per step, reused by the second epoch
+    assert result.global_step == 2 and trainer.optimizer_steps == 4  # 2 steps x 2 epochs of updates
+    assert calls == [0, 1]  # one rollout per step, reused by the second epoch
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]  # one row per step (logged after its last epoch)
     assert any(r.get("policy/approx_kl", 0.0) != 0.0 for r in rows)  # the second epoch is off-policy
@@ -287,7 +294,7 @@ def test_separate_value_model_and_several_ppo_epochs(tmp_path, tiny_tokenizer):
 
     # The critic is kept for resuming (checkpoint-N, here the last step's), not in final/, which is for serving.
     assert not (tmp_path / "run" / "final" / CRITIC_FILE).exists()
-    saved = load_file(str(tmp_path / "run" / "checkpoint-4" / CRITIC_FILE))
+    saved = load_file(str(tmp_path / "run" / "checkpoint-2" / CRITIC_FILE))
     assert any(k.startswith("backbone.") for k in saved) and any(k.startswith("head.") for k in saved)
 
 
@@ -323,7 +330,7 @@ def test_policy_forward_selected_logits_match_full_logits_and_copy_is_independen
     out = model(input_ids=ids, logits_mask=mask, return_values=True)
     assert out["selected_logits"].shape == (4, len(tiny_tokenizer))
     assert torch.allclose(out["selected_logits"], full[mask], atol=1e-5)
-    assert out["values"].shape == (2, 7) and torch.all(out["values"] == 0)  # zero-initialised head
+    assert out["critic_values"].shape == (2, 7) and torch.all(out["critic_values"] == 0)  # zero-initialised head
     ref = policy_copy(model)
     assert get_critic(ref) is None
     with torch.no_grad():
