@@ -101,6 +101,7 @@ def ragen_config(
     from ragen_trainer.config import load_config
 
     changes: dict[str, Any] = {
+        "reference": "latest",  # TRL trains the replies only (env_mask): compare with ragen's replies-only loss mask
         "env_id": ENV_ID,
         "output_dir": output_dir,
         "total_steps": steps,
