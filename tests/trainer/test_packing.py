@@ -34,10 +34,10 @@ def _config(tmp_path, env, preset="starpo-s", **changes):
     return load_config(preset).replace(**base).validate()
 
 
-def _rollouts(tmp_path, tokenizer, env):
+def _rollouts(tmp_path, tokenizer, env, loss_mask="replies"):
     replies = _BANDIT if env == "ragen/Bandit-v0" else _LAKE
     engine = ScriptedEngine(tokenizer, lambda prompt, call, row: replies[(row + call) % len(replies)])
-    cfg = _config(tmp_path, env)
+    cfg = _config(tmp_path, env, loss_mask=loss_mask)
     trainer = StarPOTrainer(cfg, build_tiny_model(tokenizer), tokenizer, engine=engine)
     trajs, _ = trainer.rollout(0)
     return trajs
@@ -61,16 +61,20 @@ def _padded_reference(model, trajs, mask, *, values):
     return logp, ent, vals
 
 
-@pytest.mark.parametrize("env", ["ragen/Bandit-v0", "ragen/FrozenLake-v0"])
-@pytest.mark.parametrize("critic", ["value_model", "value_head"])
-def test_packed_forward_and_gradients_match_the_padded_batch(tmp_path, tiny_tokenizer, env, critic):
-    trajs = _rollouts(tmp_path, tiny_tokenizer, env)
+@pytest.mark.parametrize("env,critic,loss_mask", [
+    ("ragen/Bandit-v0", "value_model", "replies"), ("ragen/Bandit-v0", "value_head", "replies"),
+    ("ragen/FrozenLake-v0", "value_model", "replies"), ("ragen/FrozenLake-v0", "value_head", "after_system"),
+])  # fmt: skip
+def test_packed_forward_and_gradients_match_the_padded_batch(tmp_path, tiny_tokenizer, env, critic, loss_mask):
+    trajs = _rollouts(tmp_path, tiny_tokenizer, env, loss_mask)
     assert len({t.group_id for t in trajs}) == 2 and len(trajs) == 6
     mask = action_mask(trajs, max(len(t.input_ids) for t in trajs) - 1)
     packed = pack(trajs, mask)
     unshared = pack(trajs, mask, share_prefixes=False)
-    assert packed.length < unshared.length <= packed.padded_tokens  # no padding, and the prefixes shared
-    if env == "ragen/Bandit-v0":  # one turn: almost the whole trajectory is the shared prompt
+    # no padding, and the prefixes shared: under after_system (the paper's mask) only the system turn is shared,
+    # since every later position is trained
+    assert packed.length < unshared.length <= packed.padded_tokens
+    if env == "ragen/Bandit-v0":  # one turn, replies only: almost the whole trajectory is the shared prompt
         assert packed.length < 0.6 * unshared.length
 
     grads = {}

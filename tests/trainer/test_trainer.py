@@ -157,19 +157,26 @@ def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer)
 
 def test_after_system_mask_trains_the_environment_text_too(tmp_path, tiny_tokenizer):
     """The paper's runs (loss_mask after_system, the default): every token after the system prompt is trained, the
-    advantages cover them, and the episode's reward sits on the conversation's last token."""
+    template's closing newline included (the reference's last token, where its reward sits)."""
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, "starpo-s", filter_ratio=1.0, max_turns=2)
     assert cfg.loss_mask == "after_system"
     trainer = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
-    micro = trainer._rollout_step()[0]
+    kept, _ = trainer.filter(trainer.rollout(0)[0])
+    batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
+    micro = micro_batches(batch, batch.mini_batches(cfg.ppo_mini_batch_size)[0], micro_batch_size=cfg.micro_batch_size,
+                          rank=0, world=1, agg_mode=cfg.loss_agg_mode, micro_size=cfg.loss_agg_micro_size)
     for mb in micro:
-        ids, mask = mb["input_ids"], mb["mask"]
-        for row in range(ids.shape[0]):
-            trained = tiny_tokenizer.decode(ids[row, 1:][mask[row] > 0].tolist())
+        mask, adv = mb["mask"], mb["advantages"]
+        assert int(mb["packed"].select.sum()) == int((mask > 0).sum())
+        for row, i in enumerate(mb["rows"]):
+            ids = torch.tensor(batch.kept[i].input_ids)
+            on = mask[row][: len(ids) - 1] > 0
+            trained = tiny_tokenizer.decode(ids[1:][on].tolist())
             assert "Phoenix" in trained and "State:" in trained and "user" in trained  # replies, env text, headers
             assert "helpful assistant" not in trained  # the system turn is not
             assert trained.endswith("<|im_end|>\n")  # the closing newline, as the reference's last token
+            assert torch.all(adv[row][mask[row] == 0] == 0)  # advantages only where trained
 
 
 def _group_reply(prompt_text, call, row):
