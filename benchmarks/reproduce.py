@@ -400,6 +400,14 @@ def train(run: Run, cfg: Any, *, scale: str, gpus: int, runs_dir: Path) -> list[
     return read_metrics(folder / "metrics.jsonl")
 
 
+def final_validation(folder: Path) -> dict[str, float]:
+    """The validation after the last step (``summary.json``'s ``final_validation``), ``{}`` when there is none."""
+    try:
+        return dict(json.loads((folder / "summary.json").read_text()).get("final_validation") or {})
+    except (OSError, ValueError):
+        return {}
+
+
 def evaluate_splits(run: Run, cfg: Any, states: int) -> dict[str, float]:
     """Success of the run's final model on each of its splits: ``states`` initial states (the validation seeds), one
     rollout each at the validation temperature, the run's protocol (thinking, actions) on the split's env."""
@@ -445,14 +453,20 @@ def ema(values: list[Any], weight: float = EMA) -> list[float | None]:
     return out
 
 
-def curves(rows: list[dict[str, Any]], keys: dict[str, str]) -> dict[str, Any]:
-    """Per-step values of ``keys`` (raw and EMA-smoothed), seconds per step, and the monitor's warnings."""
+def curves(rows: list[dict[str, Any]], keys: dict[str, str], final: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per-step values of ``keys`` (raw and EMA-smoothed; validation metrics are not smoothed, as the paper's, and sit
+    at the step they were measured at: the trainer validates before step ``s + 1`` and logs it in that row, and once
+    more after the last step, ``final``), seconds per step, and the monitor's warnings."""
     steps = [int(r["step"]) for r in rows]
     out: dict[str, Any] = {"step": steps}
     for key in dict.fromkeys((*keys, "val/success", "reward/in_group_std", "success_rate")):
         raw = [r.get(key) for r in rows]
         out[key] = raw
-        out[key + ":ema"] = ema(raw)
+        out[key + ":ema"] = raw if key.startswith("val/") else ema(raw)
+    points = [[s - 1, r["val/success"]] for s, r in zip(steps, rows) if r.get("val/success") is not None]
+    if final and final.get("val/success") is not None:
+        points.append([max(steps, default=0), final["val/success"]])
+    out["val_points"] = points
     times = [r.get("time") for r in rows]
     out["seconds_per_step"] = [b - a for a, b in zip(times, times[1:]) if a is not None and b is not None]
     out["warnings"] = [{"step": int(r["step"]), "messages": r["warnings"]} for r in rows if r.get("warnings")]
@@ -474,6 +488,8 @@ def plot(experiment: Experiment, results: dict[str, Any], path: Path, title: str
         for ax, (key, label) in zip(axes[0], panels.items()):
             raw = [(s, v) for s, v in zip(data["step"], data[key]) if v is not None and math.isfinite(v)]
             smooth = [(s, v) for s, v in zip(data["step"], data[key + ":ema"]) if v is not None]
+            if key == "val/success":  # measured before each step's update, and after the last: not smoothed
+                raw = smooth = [tuple(p) for p in data.get("val_points", [])] or raw
             if not raw:
                 continue
             (line,) = ax.plot(*zip(*smooth), linewidth=1.4, label=key_run)
@@ -505,7 +521,7 @@ def summary_table(results: dict[str, Any]) -> str:
               + "".join(f"{s} | " for s in splits) + "first warning |")
     lines = [header, "|---" * (5 + len(splits)) + "|"]
     for name, data in results["runs"].items():
-        val = [v for v in data["val/success"] if v is not None]
+        val = [v for _, v in data.get("val_points", [])] or [v for v in data["val/success"] if v is not None]
         reward = data.get("reward/mean", [])
         std = data["reward/in_group_std"]
         cells = [f"{val[0]:.3f}, {max(val):.3f}, {val[-1]:.3f}" if val else "-",
@@ -621,7 +637,7 @@ def run_experiment(experiment: Experiment, args: argparse.Namespace, only: tuple
               flush=True)  # fmt: skip
         started = time.perf_counter()
         rows = train(run, cfg, scale=args.scale, gpus=args.gpus, runs_dir=Path(args.runs))
-        data = curves(rows, experiment.curves)
+        data = curves(rows, experiment.curves, final_validation(Path(cfg.output_dir)))
         if run.splits:
             data["splits"] = evaluate_splits(run, cfg, SPLIT_STATES[args.scale])
         results["runs"][run.key] = data

@@ -176,6 +176,14 @@ def test_ema_smoothing_skips_missing_values(reproduce):
     assert reproduce.ema([None, 1.0, None, 0.0], weight=0.5) == [None, 1.0, None, 0.5]
 
 
+def test_validation_is_not_smoothed_and_sits_where_it_was_measured(reproduce):
+    rows = [{"step": 1, "val/success": 0.5, "reward/mean": 1.0}, {"step": 2, "reward/mean": 0.0},
+            {"step": 3, "val/success": 0.25, "reward/mean": 0.0}]  # fmt: skip
+    data = reproduce.curves(rows, {"reward/mean": "r"}, {"val/success": 1.0})
+    assert data["val_points"] == [[0, 0.5], [2, 0.25], [3, 1.0]]  # before steps 1 and 3, and after the last
+    assert data["val/success:ema"] == [0.5, None, 0.25] and data["reward/mean:ema"] == pytest.approx([1.0, 0.6, 0.36])
+
+
 def _rows(keys: list[str], steps: int) -> list[dict[str, Any]]:
     rows = [{"step": s, "time": 10.0 * s, **{k: 0.1 * s for k in keys}, "val/success": 0.5} for s in range(1, steps + 1)]
     rows[1]["warnings"] = ["a warning"]
