@@ -32,6 +32,7 @@ coefficient: :data:`EMA` is ours), the raw points drawn faintly beside them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import subprocess
@@ -325,7 +326,6 @@ def cpu_changes(run: Run) -> dict[str, Any]:
         total = out["env_groups"] * out["group_size"] * (groups * size) // (paper_groups * paper_size)
         out["env_groups"] = max(1, out["env_groups"] * groups // paper_groups)
         out["group_size"] = max(1, total // out["env_groups"])
-        out["ppo_mini_batch_size"] = max(1, out["env_groups"] * out["group_size"] // 4)
     if "total_steps" in run.changes:  # Online-k: the same number of updates as the base run
         out["total_steps"] = max(1, out["total_steps"] * run.changes["total_steps"] // 200)
     return out
@@ -459,7 +459,7 @@ def curves(rows: list[dict[str, Any]], keys: dict[str, str], final: dict[str, fl
     more after the last step, ``final``), seconds per step, and the monitor's warnings."""
     steps = [int(r["step"]) for r in rows]
     out: dict[str, Any] = {"step": steps}
-    for key in dict.fromkeys((*keys, "val/success", "reward/in_group_std", "success_rate")):
+    for key in dict.fromkeys((*keys, "val/success", "reward/mean", "reward/in_group_std", "success_rate")):
         raw = [r.get(key) for r in rows]
         out[key] = raw
         out[key + ":ema"] = raw if key.startswith("val/") else ema(raw)
@@ -623,9 +623,19 @@ def print_plan(items: list[tuple[Experiment, Run]], args: argparse.Namespace) ->
 
 
 # -------------------------------------------------------------------------------------------------------- commands
+def experiment_runs(experiment: Experiment, env: str | None = None) -> list[Run]:
+    """The experiment's runs, all moved to ``env`` when given (its design on another env; splits kept)."""
+    runs = experiment.runs()
+    if env is None:
+        return runs
+    moved = {dataclasses.replace(r, env=env).key: dataclasses.replace(r, env=env) for r in runs}
+    return list(moved.values())
+
+
 def run_experiment(experiment: Experiment, args: argparse.Namespace, only: tuple[str, ...] | None = None) -> dict:
     """Train (or read back) the experiment's runs at ``args.scale``, evaluate their splits, write JSON and PNG."""
-    runs = [r for r in experiment.runs() if only is None or r.key in only or r.name in only]
+    runs = [r for r in experiment_runs(experiment, getattr(args, "env", None)) if only is None or r.key in only
+            or r.name in only]  # fmt: skip
     results: dict[str, Any] = {"experiment": experiment.name, "paper": experiment.paper, "claim": experiment.claim,
                                "credit": experiment.credit, "paper_numbers": experiment.paper_numbers,
                                "scale": args.scale, "curves": experiment.curves, "ema": EMA, "runs": {},
@@ -644,7 +654,7 @@ def run_experiment(experiment: Experiment, args: argparse.Namespace, only: tuple
         results["sources"][run.key] = run.source
         results["seconds"][run.key] = round(time.perf_counter() - started, 1)
     out = Path(args.out)
-    tag = f"{experiment.name}-{args.scale}"
+    tag = f"{experiment.name}-{args.scale}" + (f"-{args.env}" if getattr(args, "env", None) else "")
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{tag}.json").write_text(json.dumps(results, indent=1))
     plot(experiment, results, out / f"{tag}.png", f"{experiment.paper}, {args.scale} scale")
@@ -678,6 +688,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--runs", default="runs/reproduce", help="folder of the training runs (default %(default)s)")
     parser.add_argument("--out", default="docs/reproduction", help="folder for the JSON and PNG (default %(default)s)")
     parser.add_argument("--only", nargs="*", default=None, help="only these runs (name or env/name)")
+    parser.add_argument("--env", choices=sorted(ENVS), default=None,
+                        help="run the experiment's design on this env instead (every run moves there)")
     return parser
 
 
@@ -706,19 +718,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     experiment = EXPERIMENTS[args.target]
     if args.only:
-        known = {r.key for r in experiment.runs()} | {r.name for r in experiment.runs()}
+        known = {r.key for r in experiment_runs(experiment, args.env)} | {r.name for r in experiment.runs()}
         unknown = sorted(set(args.only) - known)
         if unknown:
             build_parser().error(f"unknown run(s) {unknown}; this experiment has {sorted(known)}")
     if args.dry_run:
         if args.scale == "paper":
-            print_plan([(experiment, r) for r in experiment.runs() if not args.only or r.key in args.only
-                        or r.name in args.only], args)  # fmt: skip
+            print_plan([(experiment, r) for r in experiment_runs(experiment, args.env) if not args.only
+                        or r.key in args.only or r.name in args.only], args)  # fmt: skip
         else:
-            for run in experiment.runs():
+            for run in experiment_runs(experiment, args.env):
                 cfg = run_config(run, "cpu", Path(args.runs), model=args.model, seed=args.seed)
                 print(f"- {run.key}: {cfg.env_groups}x{cfg.group_size}, {cfg.total_steps} steps, {cfg.max_new_tokens} "
-                      f"tokens")  # fmt: skip
+                      f"tokens, {cfg.kept_groups * cfg.group_size // cfg.ppo_mini_batch_size} update(s) a step, "
+                      f"validation every {cfg.val_every}")  # fmt: skip
         return 0
     run_experiment(experiment, args, tuple(args.only) if args.only else None)
     return 0
