@@ -112,6 +112,9 @@ class Experiment:
     curves: dict[str, str]
     paper_numbers: str = ""
     credit: str = "paper"
+    x: str = "step"
+    """The curves' x axis: ``step`` (training steps) or ``updates`` (optimizer steps, for designs that change how many
+    updates a step makes)."""
     """``paper`` or ``ragen`` (an extension of ours, not a result of the paper)."""
 
 
@@ -266,7 +269,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
     Experiment("fig10-online", "Figure 10 (Section 4.3)", "fresher rollouts (Online-1) converge faster and "
                "generalise better than rollouts reused for k updates", fig10_runs,
                ("env_groups", "total_steps", "val_every"), TRAINING_CURVES,
-               "curves only (Sokoban eval success about 0.25-0.3 for Online-1, lower for 5 and 10)"),
+               "curves only (Sokoban eval success about 0.25-0.3 for Online-1, lower for 5 and 10)", x="updates"),
     Experiment("table4-generalization", "Table 4 (Section 4.4)", "thinking helps Bandit generalise to unseen arm "
                "names; on Sokoban it has mixed or marginal effects", table4_runs,
                ("preset", "protocol.enable_think", "env_kwargs"), LENGTH_CURVES,
@@ -467,6 +470,12 @@ def curves(rows: list[dict[str, Any]], keys: dict[str, str], final: dict[str, fl
     if final and final.get("val/success") is not None:
         points.append([max(steps, default=0), final["val/success"]])
     out["val_points"] = points
+    cumulative, total = {0: 0.0}, 0.0
+    for step, row in zip(steps, rows):
+        total += float(row.get("optim/updates") or 1.0)
+        cumulative[step] = total
+    out["updates"] = [cumulative[s] for s in steps]
+    out["val_points_updates"] = [[cumulative.get(x, x), v] for x, v in points]
     times = [r.get("time") for r in rows]
     out["seconds_per_step"] = [b - a for a, b in zip(times, times[1:]) if a is not None and b is not None]
     out["warnings"] = [{"step": int(r["step"]), "messages": r["warnings"]} for r in rows if r.get("warnings")]
@@ -486,20 +495,22 @@ def plot(experiment: Experiment, results: dict[str, Any], path: Path, title: str
     for key_run, data in results["runs"].items():
         warned = {w["step"] for w in data["warnings"]}
         for ax, (key, label) in zip(axes[0], panels.items()):
-            raw = [(s, v) for s, v in zip(data["step"], data[key]) if v is not None and math.isfinite(v)]
-            smooth = [(s, v) for s, v in zip(data["step"], data[key + ":ema"]) if v is not None]
+            xs = data[experiment.x]
+            raw = [(s, v) for s, v in zip(xs, data[key]) if v is not None and math.isfinite(v)]
+            smooth = [(s, v) for s, v in zip(xs, data[key + ":ema"]) if v is not None]
             if key == "val/success":  # measured before each step's update, and after the last: not smoothed
-                raw = smooth = [tuple(p) for p in data.get("val_points", [])] or raw
+                points = data.get("val_points_updates" if experiment.x == "updates" else "val_points", [])
+                raw = smooth = [tuple(p) for p in points] or raw
             if not raw:
                 continue
             (line,) = ax.plot(*zip(*smooth), linewidth=1.4, label=key_run)
             ax.plot(*zip(*raw), linestyle="none", marker="o", markersize=2, alpha=0.35, color=line.get_color())
-            marks = [(s, v) for s, v in smooth if s in warned]
+            marks = [(x, v) for (x, v), s in zip(smooth, data["step"]) if s in warned]
             if marks:
                 ax.plot(*zip(*marks), linestyle="none", marker="^", markersize=7, markerfacecolor="none",
                         color=line.get_color())  # fmt: skip
             ax.set_title(label, fontsize=10)
-            ax.set_xlabel("step")
+            ax.set_xlabel("update (optimizer step)" if experiment.x == "updates" else "step")
     axes[0][0].legend(fontsize=6)
     fig.suptitle(f"{title}  (lines: EMA {EMA}; dots: raw; ^ = Echo Trap monitor warning)", fontsize=9)
     fig.tight_layout()
@@ -624,11 +635,12 @@ def print_plan(items: list[tuple[Experiment, Run]], args: argparse.Namespace) ->
 
 # -------------------------------------------------------------------------------------------------------- commands
 def experiment_runs(experiment: Experiment, env: str | None = None) -> list[Run]:
-    """The experiment's runs, all moved to ``env`` when given (its design on another env; splits kept)."""
+    """The experiment's runs, all moved to ``env`` when given (its design on another env; the generalisation splits
+    belong to the original env's design and are dropped)."""
     runs = experiment.runs()
     if env is None:
         return runs
-    moved = {dataclasses.replace(r, env=env).key: dataclasses.replace(r, env=env) for r in runs}
+    moved = {f"{env}/{r.name}": dataclasses.replace(r, env=env, splits=()) for r in runs}
     return list(moved.values())
 
 

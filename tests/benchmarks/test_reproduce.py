@@ -231,6 +231,7 @@ def test_unknown_runs_and_bad_gpu_counts_are_refused(reproduce, capsys):
 def test_env_moves_an_experiments_design_and_keeps_the_update_shape(reproduce, tmp_path):
     runs = reproduce.experiment_runs(reproduce.EXPERIMENTS["fig10-online"], "bandit")
     assert [r.key for r in runs] == ["bandit/online-1", "bandit/online-2", "bandit/online-5", "bandit/online-10"]
+    assert all(r.splits == () for r in runs)  # the Sokoban splits belong to the Sokoban design
     configs = [reproduce.run_config(r, "cpu", tmp_path) for r in runs]
     assert {c.env_id for c in configs} == {"ragen/Bandit-v0"}
     # k times the groups, the CPU mini-batch unchanged: k updates a step
