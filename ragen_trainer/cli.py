@@ -249,13 +249,16 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     up during a save).
 
     ``force_resume`` / ``overwrite`` are ``--resume`` / ``--overwrite`` (see :meth:`StarPOTrainer.train`)."""
-    from accelerate import PartialState
-
+    from ragen_trainer.distributed import make_accelerator
     from ragen_trainer.models import ModelLoadError, load_model_and_tokenizer
     from ragen_trainer.precision import compute_dtype
-    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer
+    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer, peak_rss_bytes
 
-    state = PartialState()
+    try:  # first: the processes' state (DDP, DeepSpeed, gloo on CPUs) is made once, and the model's device comes from it
+        state = make_accelerator(cfg)
+    except ValueError as exc:
+        print(f"ragen-trainer train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     device = state.device
     try:  # the trained weights are stored in master_dtype (float32: the reference's fp32 master weights)
         model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.master_dtype, device=device,
@@ -272,7 +275,7 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     ref_model = None
     if cfg.kl_coef > 0 or cfg.kl_reward_coef > 0:  # the frozen reference, as loaded even on resume; never updated
         ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=compute_dtype(cfg.dtype, device), device=device)
-    trainer = StarPOTrainer(cfg, model, tokenizer, ref_model=ref_model)
+    trainer = StarPOTrainer(cfg, model, tokenizer, ref_model=ref_model, accelerator=state)
     try:
         result = trainer.train(force_resume=force_resume, overwrite=overwrite)
     except (RunConflictError, ValueError) as exc:  # the output folder changed, or its checkpoint does not fit
@@ -295,8 +298,8 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
         else:
             val = result.metrics.get("val/success")
             val_text = f", validation success {100 * val:.1f}%" if val is not None else ""
-            print(f"done: {result.global_step} steps{val_text}; model in {result.final_model}; "
-                  f"summary in {cfg.output_dir}/summary.json", file=sys.stderr)
+            print(f"done: {result.global_step} steps{val_text}, peak memory {peak_rss_bytes() / 1e9:.1f} GB; model "
+                  f"in {result.final_model}; summary in {cfg.output_dir}/summary.json", file=sys.stderr)
     return EXIT_INTERRUPTED if result.interrupted else 0
 
 
