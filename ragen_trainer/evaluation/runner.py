@@ -227,10 +227,10 @@ def run_env(
 def _load_checkpoint(path: Path | None, suite: Suite, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The finished envs of an interrupted run of the same suite (hash) and agent (identity), if any; a checkpoint
     that fails its schema is ignored with a warning (the run starts afresh and overwrites it)."""
-    if path is None or not path.is_file():
+    if path is None or not (path.exists() or path.is_symlink()):
         return None
     try:
-        data = read_json(path, "checkpoint")
+        data = read_json(path, "checkpoint")  # a FIFO or a device is refused by its type, unread
         problems = validate_checkpoint(data)
         if problems:
             raise ResultFileError(path, problems, "checkpoint")

@@ -36,6 +36,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
+from ragen_trainer.fileio import BoundedReadError, read_text_bounded
+
 RESULT_FORMAT = "ragen-eval-result"
 RESULT_FORMAT_VERSION = 1
 CHECKPOINT_FORMAT = "ragen-eval-checkpoint"
@@ -46,6 +48,8 @@ MAX_COUNT = 2**53
 MAX_SEED = 2**63 - 1
 #: Relative and absolute tolerance of the consistency checks (the writer's own arithmetic, JSON round trip exact).
 TOLERANCE = 1e-9
+#: Largest result or checkpoint file read (the full paper-v2 suite's result of a model is some tens of MB).
+MAX_FILE_BYTES = 256 * 1024 * 1024
 #: At most this many problems are kept per file (a file broken everywhere would otherwise give thousands).
 MAX_PROBLEMS = 20
 
@@ -604,13 +608,17 @@ def validate_checkpoint(data: Any) -> list[tuple[str, str]]:
     return []
 
 
-def read_json(path: str | Path, what: str = "result file") -> Any:
-    """Parse a JSON file; :class:`ResultFileError` when it is missing, unreadable, not UTF-8 or not JSON."""
+def read_json(path: str | Path, what: str = "result file", max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """Parse a JSON file; :class:`ResultFileError` when it is missing, unreadable, not a regular file (a FIFO, a
+    device such as ``/dev/zero`` behind a symbolic link), larger than ``max_bytes``, not UTF-8 or not JSON."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, max_bytes, what)
     except FileNotFoundError:
         raise ResultFileError(path, [("", "the file does not exist")], what) from None
+    except BoundedReadError as exc:
+        reason = str(exc).split(f"{str(path)!r} ", 1)[-1]
+        raise ResultFileError(path, [("", reason)], what) from None
     except UnicodeDecodeError as exc:
         raise ResultFileError(path, [("", f"not UTF-8 text ({exc.reason} at byte {exc.start})")], what) from None
     except OSError as exc:
@@ -632,6 +640,7 @@ __all__ = [
     "CHECKPOINT_FORMAT",
     "RESULT_FORMAT",
     "RESULT_FORMAT_VERSION",
+    "MAX_FILE_BYTES",
     "CheckpointFile",
     "ResultFile",
     "ResultFileError",
