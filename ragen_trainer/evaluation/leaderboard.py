@@ -91,17 +91,25 @@ def build_board(results: Sequence[dict[str, Any]], paths: Sequence[str] | None =
     A model's table is its suite's (id and hash) and its ``generation_hash`` (``None`` for a file written before it
     existed); reference agents (``kind`` other than ``"model"``) are put in every table of their suite. Results should
     come from :func:`load_results` (schema-checked); as a last guard, a result whose score is not a finite number in
-    [0, 100] (a NaN never ranks first, nor at all) is left out with a :class:`ResultFileWarning`.
+    [0, 100] (a NaN never ranks first, nor at all) is left out with a :class:`ResultFileWarning`, and so is a result
+    most of whose episodes failed on the engine (``summary.overall.engine_failed``: a failed endpoint, not a model).
     """
     paths = list(paths or [f"result-{i}" for i in range(len(results))])
     labels = _label_runs(results, paths)
     groups: dict[tuple[str, str, str | None], dict[str, Any]] = {}
     references: list[tuple[tuple[str, str], dict[str, Any], dict[str, Any]]] = []
     for result, label, path in zip(results, labels, paths):
-        score = result["summary"]["overall"].get("score")
+        overall = result["summary"]["overall"]
+        score = overall.get("score")
         if not _rankable_score(score):
             warnings.warn(f"skipped result {str(path)!r}: summary.overall.score: {score!r} is not a finite number in "
                           "[0, 100]", ResultFileWarning, stacklevel=2)  # fmt: skip
+            continue
+        if overall.get("engine_failed"):
+            warnings.warn(f"skipped result {str(path)!r}: {overall.get('engine_errors')} of {overall.get('episodes')} "
+                          "episodes failed on the engine (the model endpoint failed the requests), so its score is "
+                          "not the model's; evaluate again once the endpoint answers", ResultFileWarning,
+                          stacklevel=2)  # fmt: skip
             continue
         suite, agent, summary = result["suite"], result["agent"], result["summary"]
         row = {"label": label, "path": str(path), "agent": agent, "overall": summary["overall"],

@@ -170,6 +170,7 @@ class EpisodeRecord(_Record):
     truncated: bool = False
     final_view: Json = None
     error: str | None = None
+    error_kind: Literal["engine"] | None = None
 
     @model_validator(mode="after")
     def _matches_its_turns(self, info: ValidationInfo) -> EpisodeRecord:
@@ -183,6 +184,8 @@ class EpisodeRecord(_Record):
         total = float(sum(t.reward for t in self.turns))
         if not _close(self.reward, total):
             problems.append(_problem(["reward"], f"{self.reward!r} is not the sum of its turn rewards ({total!r})"))
+        if self.error_kind is not None and not self.error:
+            problems.append(_problem(["error_kind"], f"{self.error_kind!r} but the episode has no error"))
         _raise(problems)
         return self
 
@@ -206,6 +209,7 @@ class EnvSummary(_Record):
     mean_reply_tokens: NonNegative | None = None
     mean_think_words: NonNegative | None = None
     errors: Count = 0
+    engine_errors: Count | None = None
     pass_at_k: dict[str, Rate] | None = None
     # Game envs only (metrics.GAME_OUTCOMES): one rate per outcome word of the game, the game's mean score.
     win_rate: Rate | None = None
@@ -231,6 +235,9 @@ class EnvSummary(_Record):
             problems.append(_problem(["states"], f"{self.states} states but only {self.episodes} episodes"))
         if self.errors > self.episodes:
             problems.append(_problem(["errors"], f"{self.errors} errors but only {self.episodes} episodes"))
+        if self.engine_errors is not None and self.engine_errors > self.errors:
+            problems.append(_problem(["engine_errors"], f"{self.engine_errors} engine errors but only {self.errors} "
+                                                        "errors"))  # fmt: skip
         if self.no_outcome is not None and self.no_outcome > self.episodes:
             problems.append(_problem(["no_outcome"], f"{self.no_outcome} but only {self.episodes} episodes"))
         problems.extend(self._outcome_problems())
@@ -269,6 +276,8 @@ class OverallSummary(_Record):
     partial: Percent | None = None
     partial_se: Percent | None = None
     definition: str | None = None
+    engine_errors: Count | None = None
+    engine_failed: bool | None = None
 
 
 class Summary(_Record):
