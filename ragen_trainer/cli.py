@@ -297,7 +297,7 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     return EXIT_INTERRUPTED if result.interrupted else 0
 
 
-#: Tokens a run may generate before a CPU user is pointed at the few-minute config (that config generates at most
+#: Tokens a run may generate before a CPU user is pointed at the small CPU config (that config generates at most
 #: 4 x 8 x 16 x 30 = 15,360; the paper's Bandit run 8 x 16 x 400 x 200 = 10.2 million).
 CPU_TOKEN_BUDGET = 1_000_000
 QUICK_CPU_CONFIG = "configs/quick/bandit-smollm2-cpu.yaml"
@@ -305,15 +305,15 @@ QUICK_CPU_CONFIG = "configs/quick/bandit-smollm2-cpu.yaml"
 
 def cpu_scale_note(cfg: StarPOConfig) -> str | None:
     """A note for a run on a CPU that generates more than :data:`CPU_TOKEN_BUDGET` tokens (rollouts only, at most):
-    the paper's settings are sized for GPUs, and the few-minute CPU config is named. ``None`` for smaller runs."""
+    the paper's settings are sized for GPUs, and the small CPU config is named. ``None`` for smaller runs."""
     turns = cfg.protocol_settings().max_turns
     tokens = cfg.env_groups * cfg.group_size * turns * cfg.max_new_tokens * cfg.total_steps
     if tokens <= CPU_TOKEN_BUDGET:
         return None
     return (f"note: no GPU. This run generates up to {tokens:,} tokens ({cfg.env_groups} x {cfg.group_size} rollouts x "
             f"{turns} turn(s) x {cfg.max_new_tokens} tokens x {cfg.total_steps} steps), plus validation: the paper's "
-            f"scale, sized for GPUs, which takes hours on a CPU. A run of a few minutes on a CPU: ragen-trainer train "
-            f"--config {QUICK_CPU_CONFIG}")  # fmt: skip
+            f"scale, sized for GPUs, which takes hours on a CPU. A small run for a CPU (30 steps of 4 x 8 rollouts of "
+            f"16 tokens): ragen-trainer train --config {QUICK_CPU_CONFIG}")  # fmt: skip
 
 
 def run_presets(args: argparse.Namespace) -> int:

@@ -64,7 +64,7 @@ def test_bad_config_fails_before_any_model_loads(monkeypatch, capsys, argv, need
     assert needle in err and "error" in err
 
 
-def test_a_paper_scale_run_on_a_cpu_names_the_few_minute_config():
+def test_a_paper_scale_run_on_a_cpu_names_the_small_cpu_config():
     from pathlib import Path
 
     from ragen_trainer.config import load_config
