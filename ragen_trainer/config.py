@@ -22,7 +22,8 @@ Three ways to set fields, applied in this order (later wins):
 3. ``--set field=value`` (repeatable), handy in scripts.
 
 Values given as text are parsed by the field's type (``int``, ``float``, ``true``/``false``, ``none``, and YAML for
-lists and dicts, e.g. ``--set 'env_kwargs={size: 6}'``); YAML is read with ``yaml.safe_load``, nothing is executed.
+lists and dicts, e.g. ``--set 'env_kwargs={size: 6}'``); YAML is read with :mod:`ragen_trainer.safe_yaml` (plain
+data only, nothing is executed; nesting, alias expansion and file size bounded).
 """
 
 from __future__ import annotations
