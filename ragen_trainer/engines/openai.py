@@ -399,7 +399,8 @@ class ChatSession(GenerationSession):
                     result = engine._complete(body, self.params.stop, self._cancel)
                     engine._note(None)
                 except OpenAIEngineError as exc:
-                    engine._note(str(exc))
+                    if not self._cancel.event.is_set():  # a cancelled request says nothing of the endpoint
+                        engine._note(str(exc))
                     result, status = _failed(str(exc)), exc.status
         except BaseException as exc:  # noqa: BLE001 - a bug here must end this request, not hang the session
             result = _failed(f"{type(exc).__name__}: {exc}")
