@@ -647,9 +647,9 @@ def read_json(path: str | Path, what: str = "result file", max_bytes: int = MAX_
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "MAX_FILE_BYTES",
     "RESULT_FORMAT",
     "RESULT_FORMAT_VERSION",
-    "MAX_FILE_BYTES",
     "CheckpointFile",
     "ResultFile",
     "ResultFileError",

@@ -55,7 +55,7 @@ class RawServer:
         self._conns: list[socket.socket] = []
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
 
-    def __enter__(self) -> RawServer:
+    def __enter__(self) -> RawServer:  # noqa: PYI034 (Python 3.10 has no typing.Self)
         threading.Thread(target=self._accept, daemon=True).start()
         return self
 

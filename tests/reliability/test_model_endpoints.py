@@ -90,9 +90,9 @@ def test_transient_failures_are_retried(name):
 
 
 def test_a_refusal_is_not_retried_and_names_the_status():
-    with RawServer(answer(400, {"error": {"message": "context length exceeded"}})) as server:
-        with pytest.raises(OpenAIEngineError, match=r"HTTP 400: context length exceeded") as err:
-            _engine(server, max_retries=3).generate_chat([HI], SamplingParams())
+    refusal = answer(400, {"error": {"message": "context length exceeded"}})
+    with RawServer(refusal) as server, pytest.raises(OpenAIEngineError, match=r"HTTP 400: context length exceeded") as err:
+        _engine(server, max_retries=3).generate_chat([HI], SamplingParams())
     assert err.value.status == 400 and len(server.requests) == 1
 
 

@@ -133,8 +133,8 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
     ("yaml-alias-bomb", ["--config", "{tmp}/alias_bomb.yaml"], "aliases"),
     ("yaml-nested-too-deep", ["--config", "{tmp}/too_deep.yaml"], "nested deeper than 64"),
     ("yaml-not-a-regular-file", ["--config", "/dev/zero"], "config"),
-    ("set-alias-bomb", ["--set", "env_kwargs={a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
-                                 "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]}"],
+    ("set-alias-bomb", ["--set", ("env_kwargs={a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+                                  "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]}")],
      "aliases"),
     # the command line itself
     ("resume-and-overwrite", ["--resume", "--overwrite"], "--overwrite"),

@@ -38,9 +38,8 @@ NOT_WEBSHOP = {
 @pytest.mark.parametrize("name", list(NOT_WEBSHOP))
 def test_a_server_that_is_not_webshop_is_a_clear_error(name):
     behaviour, words = NOT_WEBSHOP[name]
-    with RawServer(behaviour) as server:
-        with pytest.raises(NotWebShopError) as err:
-            WebShopEnv(server_url=_base(server), split="test", timeout=5)
+    with RawServer(behaviour) as server, pytest.raises(NotWebShopError) as err:
+        WebShopEnv(server_url=_base(server), split="test", timeout=5)
     message = str(err.value)
     assert "is not a WebShop server" in message and words in message and _base(server) in message
     assert isinstance(err.value, ConnectionError) and not isinstance(err.value.__cause__, json.JSONDecodeError)

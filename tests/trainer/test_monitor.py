@@ -228,7 +228,7 @@ def _screen(text: str) -> list[str]:
 def test_the_console_eta_comes_from_measured_step_times(tmp_path, capsys, monkeypatch):
     """No ETA on the first row (it comes after loading and the initial validation, which took 600 s here); then the
     time per step measured since that row: steps 1 -> 3 took 20 s, so 7 steps left take 70 s."""
-    import ragen_trainer.monitor as monitor
+    from ragen_trainer import monitor
 
     clock = [600.0]
     monkeypatch.setattr(monitor.time, "perf_counter", lambda: clock[0])
