@@ -260,6 +260,9 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
         print(f"ragen-trainer train: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     device = state.device
+    note = cpu_scale_note(cfg) if device.type == "cpu" and state.is_main_process else None
+    if note:
+        print(note, file=sys.stderr)
     try:  # the trained weights are stored in master_dtype (float32: the reference's fp32 master weights)
         model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.master_dtype, device=device,
                                                     lora=cfg.lora_settings())
@@ -301,6 +304,25 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
             print(f"done: {result.global_step} steps{val_text}, peak memory {peak_rss_bytes() / 1e9:.1f} GB; model "
                   f"in {result.final_model}; summary in {cfg.output_dir}/summary.json", file=sys.stderr)
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+#: Tokens a run may generate before a CPU user is pointed at the small CPU config (that config generates at most
+#: 4 x 8 x 16 x 30 = 15,360; the paper's Bandit run 8 x 16 x 400 x 200 = 10.2 million).
+CPU_TOKEN_BUDGET = 1_000_000
+QUICK_CPU_CONFIG = "configs/quick/bandit-smollm2-cpu.yaml"
+
+
+def cpu_scale_note(cfg: StarPOConfig) -> str | None:
+    """A note for a run on a CPU that generates more than :data:`CPU_TOKEN_BUDGET` tokens (rollouts only, at most):
+    the paper's settings are sized for GPUs, and the small CPU config is named. ``None`` for smaller runs."""
+    turns = cfg.protocol_settings().max_turns
+    tokens = cfg.env_groups * cfg.group_size * turns * cfg.max_new_tokens * cfg.total_steps
+    if tokens <= CPU_TOKEN_BUDGET:
+        return None
+    return (f"note: no GPU. This run generates up to {tokens:,} tokens ({cfg.env_groups} x {cfg.group_size} rollouts x "
+            f"{turns} turn(s) x {cfg.max_new_tokens} tokens x {cfg.total_steps} steps), plus validation: the paper's "
+            f"scale, sized for GPUs, which takes hours on a CPU. A small run for a CPU (30 steps of 4 x 8 rollouts of "
+            f"16 tokens): ragen-trainer train --config {QUICK_CPU_CONFIG}")  # fmt: skip
 
 
 def run_presets(args: argparse.Namespace) -> int:

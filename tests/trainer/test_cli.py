@@ -63,6 +63,18 @@ def test_bad_config_fails_before_any_model_loads(monkeypatch, capsys, argv, need
     assert needle in err and "error" in err
 
 
+def test_a_paper_scale_run_on_a_cpu_names_the_small_cpu_config():
+    from pathlib import Path
+
+    from ragen_trainer.config import load_config
+
+    paper = load_config("starpo-s").replace(env_id="ragen/Bandit-v0", model="smollm2")
+    note = cli.cpu_scale_note(paper)
+    assert note and "10,240,000 tokens" in note and cli.QUICK_CPU_CONFIG in note
+    quick = Path(__file__).resolve().parents[2] / cli.QUICK_CPU_CONFIG
+    assert cli.cpu_scale_note(load_config(str(quick))) is None  # the quick config itself: no note
+
+
 def test_eval_and_leaderboard_are_dispatched(capsys):
     if cli._evaluation_module() is None:
         pytest.skip("ragen_trainer.evaluation.cli is not present")
