@@ -31,7 +31,8 @@ Three ways to set fields, applied in this order (later wins):
 3. ``--set field=value`` (repeatable), handy in scripts.
 
 Values given as text are parsed by the field's type (``int``, ``float``, ``true``/``false``, ``none``, and YAML for
-lists and dicts, e.g. ``--set 'env_kwargs={size: 6}'``); YAML is read with ``yaml.safe_load``, nothing is executed.
+lists and dicts, e.g. ``--set 'env_kwargs={size: 6}'``); YAML is read with :mod:`ragen_trainer.safe_yaml` (plain
+data only, nothing is executed; nesting, alias expansion and file size bounded).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from ragen_trainer.safe_yaml import load_yaml, load_yaml_file
 
 #: Allowed values of the fields that take one of a few names.
 CHOICES: dict[str, tuple[Any, ...]] = {
@@ -620,16 +623,16 @@ def load_config(spec: str | Path | None = None) -> StarPOConfig:
     if text in PRESETS:
         return preset(text)
     path = Path(text)
-    if not path.is_file():
+    if not path.exists():  # a folder, a FIFO, a device: the loader says what it is
         raise ValueError(
             f"invalid argument config={text!r}: expected a preset name ({', '.join(PRESETS)}) or an existing YAML file"
         )
-    import yaml
-
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"invalid argument config={text!r}: not valid YAML ({exc})") from None
+        data = load_yaml_file(path, "the file") or {}
+    except OSError as exc:
+        raise ValueError(f"invalid argument config={text!r}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not YAML, not UTF-8, too large, too deep, an alias bomb: the message says which
+        raise ValueError(f"invalid argument config={text!r}: {str(exc).split(': ', 1)[-1]}") from None
     if not isinstance(data, dict):
         raise ValueError(f"invalid argument config={text!r}: expected a YAML mapping of field: value")
     data.pop("description", None)  # free text for humans
@@ -720,17 +723,24 @@ def parse_value(name: str, text: str, kind: Any) -> Any:
         if kind is float:
             return float(text)
         if kind in (list, dict):
-            import yaml
-
-            value = yaml.safe_load(text) if text.strip() else kind()
+            try:
+                value = load_yaml(text, "") if text.strip() else kind()
+            except ValueError as exc:  # not YAML, or beyond the bounds: say which
+                raise _Unfit(str(exc).removeprefix(": ")) from None
             if kind is list and isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
             if not isinstance(value, kind):
                 raise ValueError
             return value
-    except Exception:  # ValueError, TypeError and yaml's errors: all mean the text does not fit the type
+    except _Unfit as exc:
+        raise ValueError(f"invalid config field {name}={_short(text)}: expected a {_type_name(kind)}; {exc}") from None
+    except Exception:  # ValueError and TypeError: the text does not fit the type
         raise ValueError(f"invalid config field {name}={text!r}: expected a {_type_name(kind)}") from None
     return text
+
+
+class _Unfit(Exception):
+    """Text for a list / dict field that the YAML loader refused (the message says why)."""
 
 
 @functools.cache
@@ -899,13 +909,11 @@ def _comparable(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stored_config(out: Path) -> tuple[dict[str, Any] | None, str | None]:
-    import yaml
-
     path = out / "config.yaml"
     if path.is_file():
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
+            data = load_yaml_file(path, "config file")
+        except (OSError, ValueError):
             data = None
         if isinstance(data, dict):
             return data, str(path)

@@ -95,6 +95,7 @@ from ragen_envs.core import check_arg
 from ragen_envs.driver import AgentReply, Episode, play_episodes, rollout_jobs
 from ragen_envs.settings import AUTO_PREFIX, ProtocolSettings
 from ragen_trainer.engines.base import (
+    ENGINE_FAILURE,
     FINISH_LENGTH,
     FINISH_STOP,
     BatchSession,
@@ -502,7 +503,10 @@ class TokenAgent:
         return self._session
 
     def _record(self, state: dict[str, Any], result: GenerationResult) -> AgentReply:
-        """Append a reply's tokens to its episode's state; the reply as the env sees it."""
+        """Append a reply's tokens to its episode's state; the reply as the env sees it. A reply the engine could not
+        produce (a chat endpoint failed it: ``result.error``) ends the episode with the reason, recording nothing."""
+        if result.error is not None:
+            return AgentReply("", stop=f"{ENGINE_FAILURE}: {result.error}")
         result = self._fit(state, result)
         # The reply as the env sees it, in both modes: the prefix the model continued from, then its text.
         env_text = state["prefix"] + result.text

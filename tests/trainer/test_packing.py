@@ -114,12 +114,18 @@ def test_shared_prefix_stops_before_the_first_trained_token():
 
 
 class GradientRecorder(StarPOTrainer):
-    """Keeps the gradients of every update, before clipping and the optimizer step."""
+    """Keeps the gradients of every update, before clipping and the optimizer step (whose first act is to clip)."""
 
-    def _clip_gradients(self, stats):
-        self.recorded = getattr(self, "recorded", [])
-        self.recorded.append({n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None})
-        return super()._clip_gradients(stats)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recorded = []
+        clip = self.adamw.clip_gradients
+
+        def record_then_clip():
+            self.recorded.append({n: p.grad.clone() for n, p in self.model.named_parameters() if p.grad is not None})
+            return clip()
+
+        self.adamw.clip_gradients = record_then_clip
 
 
 @pytest.mark.parametrize("env,preset", [("ragen/Bandit-v0", "starpo-s"), ("ragen/FrozenLake-v0", "starpo-s"),
