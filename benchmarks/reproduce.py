@@ -395,8 +395,8 @@ def train(run: Run, cfg: Any, *, scale: str, gpus: int, runs_dir: Path) -> list[
             folder.mkdir(parents=True, exist_ok=True)
             config_path = folder.parent / f"{folder.name}.config.yaml"
             cfg.save(config_path)
-            launch = ([sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(gpus)] if gpus > 1
-                      else [sys.executable])  # fmt: skip
+            launch = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus)]
+                      if gpus > 1 else [sys.executable])  # fmt: skip
             status = subprocess.call([*launch, "-m", "ragen_trainer.cli", "train", "--config", str(config_path)])
         if status != 0:
             raise SystemExit(f"run {run.key} failed with status {status}")
