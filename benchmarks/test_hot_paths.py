@@ -132,8 +132,8 @@ def test_decode_replies(benchmark, tokenizer, path):
         env = gym.make("ragen/FrozenLake-v0", enable_think=False)
         prompt, info = env.reset(seed=seed)
         messages = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": prompt}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        prompts += [list(ids["input_ids"] if isinstance(ids, dict) else ids)] * 2
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompts += [list(tokenizer(text, add_special_tokens=False)["input_ids"])] * 2
     params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=0)
     engine = HFEngine(model, tokenizer, batch_size=16)
 

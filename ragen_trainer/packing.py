@@ -11,9 +11,12 @@ the row's tokens as they are, so nothing is padded, and the gradient reaches eac
 its continuations' attention -- exactly the gradient of the unshared batch, computed once (tested against the padded
 forward to float tolerance).
 
-Where sharing stops: the shared part of a group is its longest common prefix, cut one token before the first token the
-model wrote, so the position that predicts a trajectory's first trained token is its own (its target differs per
-trajectory). A trajectory alone in its micro-batch, or ``share_prefixes=False``, is packed whole (no padding still).
+Where sharing stops: the shared part of a group is its longest common prefix but its last token, so every shared
+position predicts the same token in all the group's rows; the first differing token is predicted from each row's own
+copy of the last common one. Trained positions inside the shared prefix (under ``loss_mask="after_system"`` the
+first user turn is trained) are computed once and read by every row that trains them: each row's loss gets its own
+term, and their gradients add up in the shared computation, as they would over separate copies. A trajectory alone
+in its micro-batch, or ``share_prefixes=False``, is packed whole (no padding still).
 """
 
 from __future__ import annotations
@@ -58,10 +61,13 @@ class PackedBatch:
     blocks: tuple[Block, ...]
     """The attention blocks, in row order, covering ``[0, L)``."""
     select: torch.Tensor
-    """``[1, L]`` bool: the row positions whose next token the model wrote (one per mask entry of the batch, in the
-    batch's row-major order)."""
+    """``[1, L]`` bool: the row positions whose next-token prediction is trained (each computed once: a position of
+    a shared prefix serves every trajectory of the group that trains it)."""
     targets: torch.Tensor
-    """``[n]``: the tokens those positions predict."""
+    """``[n]``: the tokens the selected positions predict, in row order."""
+    gather: torch.Tensor
+    """``[entries]``: for each trained entry of the batch's mask, in its row-major order, the index of its position
+    among the selected ones (the same index for the rows that share a prefix position)."""
     padded_tokens: int
     """Tokens a padded batch of the same trajectories would have computed (``B x longest``)."""
 
@@ -71,24 +77,26 @@ class PackedBatch:
 
     def to(self, device: torch.device | str) -> PackedBatch:
         return PackedBatch(self.input_ids.to(device), self.position_ids.to(device), self.blocks,
-                           self.select.to(device), self.targets.to(device), self.padded_tokens)
+                           self.select.to(device), self.targets.to(device), self.gather.to(device),
+                           self.padded_tokens)
 
     def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments for the policy's (or critic's) forward."""
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, LAYOUT_KWARG: self}
 
 
-def shared_prefix_length(rows: Sequence[Sequence[int]], first_trained: Sequence[int]) -> int:
-    """How many leading tokens ``rows`` can share: their longest common prefix, cut one token before the first
-    token the model wrote in any of them (``first_trained``: per row, the index of its first trained token)."""
+def shared_prefix_length(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens ``rows`` can share: their longest common prefix but its last token, so every shared
+    position predicts a token that is the same in all rows (the first differing token is predicted from each row's
+    own copy of the last common one)."""
     if len(rows) < 2:
         return 0
-    limit = min(min(len(r) for r in rows), min(first_trained) - 1)
+    limit = min(len(r) for r in rows)
     n = 0
     first = rows[0]
     while n < limit and all(r[n] == first[n] for r in rows[1:]):
         n += 1
-    return max(n, 0)
+    return max(n - 1, 0)
 
 
 def pack(trajs: Sequence[Trajectory], mask: torch.Tensor, *, share_prefixes: bool = True) -> PackedBatch:
@@ -97,8 +105,8 @@ def pack(trajs: Sequence[Trajectory], mask: torch.Tensor, *, share_prefixes: boo
     ids: list[int] = []
     positions: list[int] = []
     blocks: list[Block] = []
-    select: list[bool] = []
-    targets: list[int] = []
+    wanted: dict[int, int] = {}  # trained packed position -> the token it predicts
+    entries: list[int] = []  # the packed position of each mask entry, row-major
     runs: list[list[int]] = []
     for i, traj in enumerate(trajs):  # consecutive rows of one group form a run
         if runs and trajs[runs[-1][-1]].group_id == traj.group_id:
@@ -107,40 +115,37 @@ def pack(trajs: Sequence[Trajectory], mask: torch.Tensor, *, share_prefixes: boo
             runs.append([i])
     for run in runs:
         rows = [list(trajs[i].input_ids) for i in run]
-        trained = [_first_trained(mask[i]) for i in run]
-        shared = shared_prefix_length(rows, trained) if share_prefixes else 0
+        shared = shared_prefix_length(rows) if share_prefixes else 0
         prefix = (len(ids), len(ids) + shared)
         if shared:
             ids += rows[0][:shared]
             positions += list(range(shared))
-            select += [False] * shared
             blocks.append(Block(*prefix))
         for i, row in zip(run, rows):
             start = len(ids)
             ids += row[shared:]
             positions += list(range(shared, len(row)))
-            wanted = mask[i].bool().tolist()
-            for j in range(shared, len(row)):  # action position j predicts token j + 1
-                chosen = j < len(wanted) and wanted[j]
-                select.append(chosen)
-                if chosen:
-                    targets.append(row[j + 1])
+            trained = mask[i].bool().tolist()
+            for j in range(min(len(trained), len(row) - 1)):  # action position j predicts token j + 1
+                if trained[j]:
+                    at = prefix[0] + j if j < shared else start + j - shared
+                    wanted[at] = row[j + 1]
+                    entries.append(at)
             blocks.append(Block(start, len(ids), *prefix) if shared else Block(start, len(ids)))
+    order = sorted(wanted)  # the LM head reads the selected positions in row order
+    index = {at: k for k, at in enumerate(order)}
+    select = torch.zeros(1, len(ids), dtype=torch.bool)
+    select[0, order] = True
     padded = len(trajs) * max(len(t.input_ids) for t in trajs)
     return PackedBatch(
         input_ids=torch.tensor([ids], dtype=torch.long),
         position_ids=torch.tensor([positions], dtype=torch.long),
         blocks=tuple(blocks),
-        select=torch.tensor([select], dtype=torch.bool),
-        targets=torch.tensor(targets, dtype=torch.long),
+        select=select,
+        targets=torch.tensor([wanted[at] for at in order], dtype=torch.long),
+        gather=torch.tensor([index[at] for at in entries], dtype=torch.long),
         padded_tokens=padded,
     )
-
-
-def _first_trained(mask_row: torch.Tensor) -> int:
-    """The input index of the first trained token of a row (action position + 1); its length if none."""
-    hits = torch.nonzero(mask_row > 0)
-    return int(hits[0, 0]) + 1 if len(hits) else int(mask_row.shape[0]) + 1
 
 
 # ------------------------------------------------------------------------------------------------ the attention

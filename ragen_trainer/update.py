@@ -55,8 +55,8 @@ def token_values(model: Any, inputs: PackedBatch, mask: torch.Tensor) -> torch.T
     policy's LM head (and, for a separate value model, without the policy at all)."""
     sel = mask.bool()
     out = model(**inputs.model_inputs(), values_only=True)
-    vals_sel = out[VALUES_KEY][inputs.select].float()
-    return torch.zeros(sel.shape, dtype=vals_sel.dtype, device=vals_sel.device).masked_scatter(sel, vals_sel)
+    vals = out[VALUES_KEY][inputs.select].float()[inputs.gather]
+    return torch.zeros(sel.shape, dtype=vals.dtype, device=vals.device).masked_scatter(sel, vals)
 
 
 def token_logprobs(
@@ -66,27 +66,28 @@ def token_logprobs(
     ``inputs`` packs): the log-prob at the sampling temperature, the entropy, and the critic's value; each ``[B, W]``
     float32, zero off ``mask``.
 
-    Only the positions the model wrote go through the LM head and the softmax
-    (:func:`ragen_trainer.critic.install_policy_forward`'s ``logits_mask``), so prompt and environment tokens never
-    cost a ``[tokens, vocab]`` tensor; the row itself has no padding and each group's prefix once
+    Only the positions the model is trained on go through the LM head and the softmax, each once however many rows
+    share it (:func:`ragen_trainer.critic.install_policy_forward`'s ``logits_mask``), so prompt and environment
+    tokens never cost a ``[tokens, vocab]`` tensor; the row has no padding and each group's prefix once
     (:mod:`ragen_trainer.packing`)."""
     sel = mask.bool()
-    if int(sel.sum()) != int(inputs.select.sum()):
-        raise ValueError(f"the packed batch selects {int(inputs.select.sum())} positions, the mask {int(sel.sum())}")
+    if int(sel.sum()) != int(inputs.gather.numel()):
+        raise ValueError(f"the packed batch has {int(inputs.gather.numel())} trained entries, the mask {int(sel.sum())}")
     kwargs: dict[str, Any] = {**inputs.model_inputs(), "logits_mask": inputs.select}
     if values:
         kwargs["return_values"] = True
     out = model(**kwargs)
     chosen = out["selected_logits"].float() / temperature
     logp_sel = torch.log_softmax(chosen, dim=-1).gather(-1, inputs.targets.unsqueeze(-1)).squeeze(-1)
-    logp = torch.zeros(sel.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(sel, logp_sel)
+    logp = torch.zeros(sel.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(
+        sel, logp_sel[inputs.gather])
     ent = None
     if entropy:
-        ent_sel = entropy_from_logits(chosen)
+        ent_sel = entropy_from_logits(chosen)[inputs.gather]
         ent = torch.zeros(sel.shape, dtype=ent_sel.dtype, device=ent_sel.device).masked_scatter(sel, ent_sel)
     vals = None
     if values:
-        vals_sel = out[VALUES_KEY][inputs.select].float()
+        vals_sel = out[VALUES_KEY][inputs.select].float()[inputs.gather]
         vals = torch.zeros(sel.shape, dtype=vals_sel.dtype, device=vals_sel.device).masked_scatter(sel, vals_sel)
     return logp, ent, vals
 

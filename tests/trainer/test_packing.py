@@ -62,8 +62,8 @@ def _padded_reference(model, trajs, mask, *, values):
 
 
 @pytest.mark.parametrize("env,critic,loss_mask", [
-    ("ragen/Bandit-v0", "value_model", "replies"), ("ragen/Bandit-v0", "value_head", "replies"),
-    ("ragen/FrozenLake-v0", "value_model", "replies"), ("ragen/FrozenLake-v0", "value_head", "after_system"),
+    ("ragen/Bandit-v0", "value_model", "replies"), ("ragen/Bandit-v0", "value_head", "after_system"),
+    ("ragen/FrozenLake-v0", "value_model", "after_system"), ("ragen/FrozenLake-v0", "value_head", "replies"),
 ])  # fmt: skip
 def test_packed_forward_and_gradients_match_the_padded_batch(tmp_path, tiny_tokenizer, env, critic, loss_mask):
     trajs = _rollouts(tmp_path, tiny_tokenizer, env, loss_mask)
@@ -71,10 +71,10 @@ def test_packed_forward_and_gradients_match_the_padded_batch(tmp_path, tiny_toke
     mask = action_mask(trajs, max(len(t.input_ids) for t in trajs) - 1)
     packed = pack(trajs, mask)
     unshared = pack(trajs, mask, share_prefixes=False)
-    # no padding, and the prefixes shared: under after_system (the paper's mask) only the system turn is shared,
-    # since every later position is trained
+    # no padding, and the prefixes shared, trained positions in them included (after_system trains the prompt)
     assert packed.length < unshared.length <= packed.padded_tokens
-    if env == "ragen/Bandit-v0":  # one turn, replies only: almost the whole trajectory is the shared prompt
+    assert int(packed.select.sum()) < packed.gather.numel() or loss_mask == "replies"  # prompt positions read twice
+    if env == "ragen/Bandit-v0":  # one turn: almost the whole trajectory is the shared prompt
         assert packed.length < 0.6 * unshared.length
 
     grads = {}
@@ -102,15 +102,15 @@ def test_packed_forward_and_gradients_match_the_padded_batch(tmp_path, tiny_toke
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         assert grads[name].keys() == grads["padded"].keys()
         for key, want in grads["padded"].items():
-            torch.testing.assert_close(grads[name][key], want, rtol=1e-3, atol=1e-5, msg=f"{name}: {key}")
+            scale = max(float(want.abs().max()), 1.0)  # float32 sums of many trained positions: relative to the largest
+            torch.testing.assert_close(grads[name][key], want, rtol=1e-3, atol=1e-5 * scale, msg=f"{name}: {key}")
 
 
-def test_shared_prefix_stops_before_the_first_trained_token():
+def test_shared_prefix_is_the_common_prefix_but_its_last_token():
     rows = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7, 8], [1, 2, 3, 9, 9, 9]]
-    assert shared_prefix_length(rows, [4, 4, 4]) == 3  # the longest common prefix
-    assert shared_prefix_length(rows[:2], [4, 4]) == 3  # cut one before token 4 (its predictor is each row's own)
-    assert shared_prefix_length(rows[:2], [6, 6]) == 4
-    assert shared_prefix_length(rows[:1], [3]) == 0  # alone: nothing to share
+    assert shared_prefix_length(rows) == 2  # common: 1 2 3; token 3 predicts 4 / 9, so each row keeps its own copy
+    assert shared_prefix_length(rows[:2]) == 3
+    assert shared_prefix_length(rows[:1]) == 0  # alone: nothing to share
 
 
 class GradientRecorder(StarPOTrainer):
