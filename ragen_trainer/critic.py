@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from transformers.utils import ModelOutput
+
+from ragen_trainer.losses import entropy_from_logits
 
 #: Name of the critic sub-module on the policy model, and prefix of its keys in ``state_dict``.
 CRITIC_ATTR = "ragen_critic"
@@ -103,8 +107,13 @@ def install_policy_forward(model: nn.Module) -> None:
       Multi-turn conversations are mostly prompt and environment text, and vocabularies are large (Qwen: 151k), so
       this is what keeps the trainer's memory proportional to the model's own tokens (TRL's fused LM head does the
       same for its single-turn case).
-    * ``return_values=True``: add the critic's values ``[B, L]`` (key :data:`VALUES_KEY`); ``values_only=True``: return only them (a
-      separate value model then runs alone, without the policy).
+    * ``token_targets`` (``[n]``, with ``logits_mask``): instead of the logits, return ``selected_logprobs`` (each
+      selected position's log-prob of its target at ``temperature``) and, with ``token_entropy=True``,
+      ``selected_entropy``, computed in chunks of positions whose ``[chunk, vocab]`` logits are recomputed in the
+      backward pass rather than kept (:func:`chunked_token_logprobs`): the memory of the logits no longer grows with
+      the number of trained tokens (thousands per trajectory when the prompt is trained, ``loss_mask="after_system"``).
+    * ``return_values=True``: add the critic's values ``[B, L]`` (key :data:`VALUES_KEY`); ``values_only=True``:
+      return only them (a separate value model then runs alone, without the policy).
 
     Both happen inside ``forward``, so DDP / DeepSpeed see one ordinary forward call.
     """
@@ -115,9 +124,18 @@ def install_policy_forward(model: nn.Module) -> None:
     softcap = getattr(text_config, "final_logit_softcapping", None)
     scale = getattr(text_config, "logit_scale", None)
 
+    def lm_head(hidden: torch.Tensor) -> torch.Tensor:
+        logits = model.get_output_embeddings()(hidden)
+        if scale is not None:
+            logits = logits * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
     @functools.wraps(type(model).forward)
     def forward(*args: Any, return_values: bool = False, logits_mask: torch.Tensor | None = None,
-                values_only: bool = False, **kwargs: Any) -> Any:
+                values_only: bool = False, token_targets: torch.Tensor | None = None, temperature: float = 1.0,
+                token_entropy: bool = False, **kwargs: Any) -> Any:
         if logits_mask is None and not return_values and not values_only:
             return original_forward(*args, **kwargs)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
@@ -140,12 +158,16 @@ def install_policy_forward(model: nn.Module) -> None:
             decoder = model.get_decoder()
             out = decoder(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), use_cache=False, **extra)
             hidden = out.last_hidden_state
-            logits = model.get_output_embeddings()(hidden[logits_mask.bool()])
-            if scale is not None:
-                logits = logits * scale
-            if softcap is not None:
-                logits = torch.tanh(logits / softcap) * softcap
-            out = ModelOutput(selected_logits=logits)
+            selected = hidden[logits_mask.bool()]
+            if token_targets is not None:
+                logprobs, entropy = chunked_token_logprobs(
+                    selected, lm_head, token_targets, vocab=model.get_output_embeddings().weight.shape[0],
+                    temperature=temperature, entropy=token_entropy)
+                out = ModelOutput(selected_logprobs=logprobs)
+                if entropy is not None:
+                    out["selected_entropy"] = entropy
+            else:
+                out = ModelOutput(selected_logits=lm_head(selected))
         if return_values:
             if head is None:
                 raise ValueError("return_values=True needs a critic: call attach_critic(model, kind) first")
@@ -157,6 +179,39 @@ def install_policy_forward(model: nn.Module) -> None:
 
     model.forward = forward
     model._ragen_forward_installed = True
+
+
+#: Logit entries (positions x vocabulary) computed at once by :func:`chunked_token_logprobs`: 2**25 float32 values,
+#: 128 MB (about 680 positions of SmolLM2's 49k vocabulary, 220 of Qwen2.5's 152k).
+LOGITS_CHUNK_ELEMENTS = 2**25
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
+                           targets: torch.Tensor, *, vocab: int, temperature: float = 1.0, entropy: bool = False,
+                           chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(lm_head(hidden) / temperature)[target]`` per row of ``hidden`` (``[n, d]``), and the entropy of
+    that distribution, chunk by chunk: each chunk's ``[chunk, vocab]`` logits live only inside it, and with gradients
+    on, the chunk is recomputed in the backward pass (activation checkpointing of the LM head), so memory is one
+    chunk's logits whatever ``n`` is. Returns float32 ``[n]`` tensors (entropy ``None`` unless asked)."""
+
+    def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = lm_head(h).float() / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        return logp, entropy_from_logits(logits) if entropy else logp.new_zeros(())
+
+    n = hidden.shape[0]
+    rows = max(1, chunk_elements // max(vocab, 1))
+    logps, ents = [], []
+    for start in range(0, max(n, 1), rows):
+        h, t = hidden[start:start + rows], targets[start:start + rows]
+        if torch.is_grad_enabled() and h.requires_grad:
+            logp, ent = torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False)
+        else:
+            logp, ent = piece(h, t)
+        logps.append(logp)
+        ents.append(ent)
+    logp = torch.cat(logps) if len(logps) > 1 else logps[0]
+    return logp, (torch.cat(ents) if len(ents) > 1 else ents[0]) if entropy else None
 
 
 def policy_copy(model: nn.Module) -> nn.Module:

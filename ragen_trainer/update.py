@@ -24,7 +24,7 @@ import torch
 
 from ragen_trainer.advantages import bilevel_gae_advantages, gae_advantages, grpo_advantages, masked_whiten
 from ragen_trainer.critic import VALUES_KEY
-from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, row_normalizers, value_loss
+from ragen_trainer.losses import agg_loss, kl_penalty, policy_loss, row_normalizers, value_loss
 from ragen_trainer.packing import PackedBatch, pack
 from ragen_trainer.rollout import placed_rewards
 from ragen_trainer.trajectory import Trajectory
@@ -67,23 +67,22 @@ def token_logprobs(
     float32, zero off ``mask``.
 
     Only the positions the model is trained on go through the LM head and the softmax, each once however many rows
-    share it (:func:`ragen_trainer.critic.install_policy_forward`'s ``logits_mask``), so prompt and environment
-    tokens never cost a ``[tokens, vocab]`` tensor; the row has no padding and each group's prefix once
-    (:mod:`ragen_trainer.packing`)."""
+    share it, in chunks whose logits are recomputed in the backward pass
+    (:func:`ragen_trainer.critic.chunked_token_logprobs`), so no ``[tokens, vocab]`` tensor is ever whole; the row
+    has no padding and each group's prefix once (:mod:`ragen_trainer.packing`)."""
     sel = mask.bool()
     if int(sel.sum()) != int(inputs.gather.numel()):
         raise ValueError(f"the packed batch has {int(inputs.gather.numel())} trained entries, the mask {int(sel.sum())}")
-    kwargs: dict[str, Any] = {**inputs.model_inputs(), "logits_mask": inputs.select}
+    kwargs: dict[str, Any] = {**inputs.model_inputs(), "logits_mask": inputs.select, "token_targets": inputs.targets,
+                              "temperature": temperature, "token_entropy": entropy}
     if values:
         kwargs["return_values"] = True
     out = model(**kwargs)
-    chosen = out["selected_logits"].float() / temperature
-    logp_sel = torch.log_softmax(chosen, dim=-1).gather(-1, inputs.targets.unsqueeze(-1)).squeeze(-1)
-    logp = torch.zeros(sel.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(
-        sel, logp_sel[inputs.gather])
+    logp_sel = out["selected_logprobs"][inputs.gather]
+    logp = torch.zeros(sel.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(sel, logp_sel)
     ent = None
     if entropy:
-        ent_sel = entropy_from_logits(chosen)[inputs.gather]
+        ent_sel = out["selected_entropy"][inputs.gather]
         ent = torch.zeros(sel.shape, dtype=ent_sel.dtype, device=ent_sel.device).masked_scatter(sel, ent_sel)
     vals = None
     if values:

@@ -154,3 +154,27 @@ def test_a_training_step_is_the_same_with_and_without_shared_prefixes(tmp_path, 
                                        msg=f"update {update}: {key}")
     for key in ("loss/policy", "policy/entropy", "policy/ratio_max", "optim/grad_norm"):
         assert shared.history[-1][key] == pytest.approx(unshared.history[-1][key], rel=1e-4, abs=1e-6), key
+
+
+def test_chunked_log_probs_match_whole_logits_and_keep_their_gradient():
+    """The LM head in chunks (recomputed in the backward pass) gives what whole logits give, values and gradients."""
+    from ragen_trainer.critic import chunked_token_logprobs
+    from ragen_trainer.losses import entropy_from_logits
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(37, 16, requires_grad=True)
+    targets = torch.randint(0, 50, (37,))
+    logits = head(hidden).float() / 0.7
+    want_lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    want_ent = entropy_from_logits(logits)
+    (want_lp.sum() + 0.3 * want_ent.sum()).backward()
+    want_grads = (hidden.grad.clone(), head.weight.grad.clone())
+    hidden.grad, head.weight.grad = None, None
+    lp, ent = chunked_token_logprobs(hidden, head, targets, vocab=50, temperature=0.7, entropy=True,
+                                     chunk_elements=8 * 50)  # 8 positions a chunk: 5 chunks
+    (lp.sum() + 0.3 * ent.sum()).backward()
+    torch.testing.assert_close(lp, want_lp)
+    torch.testing.assert_close(ent, want_ent)
+    torch.testing.assert_close(hidden.grad, want_grads[0])
+    torch.testing.assert_close(head.weight.grad, want_grads[1])
