@@ -271,10 +271,10 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     if cfg.kl_coef > 0 or cfg.kl_reward_coef > 0:  # the reference is the model as loaded, even on resume
         ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=cfg.dtype, device=device)
     engine = None
-    if cfg.engine == "vllm":
-        from ragen_trainer.engines import VLLMEngine
+    if cfg.engine == "vllm":  # colocate (no engine_url) or a vLLM server; the trainer pushes the weights into it
+        from ragen_trainer.engines.factory import make_training_engine
 
-        engine = VLLMEngine(cfg.model, tokenizer, mode="server", base_url=cfg.engine_url)
+        engine = make_training_engine(cfg, model, tokenizer)
     trainer = StarPOTrainer(cfg, model, tokenizer, engine=engine, ref_model=ref_model)
     try:
         result = trainer.train(force_resume=force_resume, overwrite=overwrite)
