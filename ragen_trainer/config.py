@@ -612,8 +612,11 @@ class RunConflictError(ValueError):
     """``output_dir`` holds a run that this config may not continue (:func:`check_output_folder` says why)."""
 
 
+#: Where ``engine: vllm`` with a server writes the policy's weights for the server to reload (``<output_dir>/...``).
+VLLM_WEIGHTS_DIR = "vllm-weights"
 #: What a run writes into its ``output_dir`` (names and name prefixes); ``--overwrite`` removes these and only these.
-RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb")
+RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb",
+                                   VLLM_WEIGHTS_DIR)
 RUN_FILE_PREFIXES: tuple[str, ...] = ("checkpoint-", "broken-checkpoint-", ".saving-", ".replaced-", ".tmp-")
 
 
@@ -630,7 +633,7 @@ def holds_run(output_dir: str | Path) -> bool:
     metrics. A lone ``config.yaml`` (a run stopped before its first step) is not progress."""
     folder = Path(output_dir)
     for path in run_files(folder):
-        if path.name in ("config.yaml", "tensorboard", "wandb") or path.name.startswith(".tmp-"):
+        if path.name in ("config.yaml", "tensorboard", "wandb", VLLM_WEIGHTS_DIR) or path.name.startswith(".tmp-"):
             continue
         if path.name == "metrics.jsonl" and path.stat().st_size == 0:
             continue

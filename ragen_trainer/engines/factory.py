@@ -18,11 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ragen_trainer.config import StarPOConfig
+from ragen_trainer.config import VLLM_WEIGHTS_DIR, StarPOConfig
 from ragen_trainer.engines.base import GenerationEngine
-
-#: Sub-folder of the run's output folder where server mode writes the weights a vLLM server reloads.
-SERVER_WEIGHTS_DIR = "vllm-weights"
 
 
 def make_training_engine(config: StarPOConfig, model: Any, tokenizer: Any) -> GenerationEngine:
@@ -48,7 +45,7 @@ def make_training_engine(config: StarPOConfig, model: Any, tokenizer: Any) -> Ge
             mode="server",
             base_url=config.engine_url,
             weight_sync="auto",
-            weights_dir=os.path.join(config.output_dir, SERVER_WEIGHTS_DIR),
+            weights_dir=os.path.join(config.output_dir, VLLM_WEIGHTS_DIR),
         )
     from ragen_trainer.models import base_model_source, resolve_dtype
 
