@@ -4,9 +4,6 @@ lane (``tests/vllm/``)."""
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,54 +17,22 @@ from ragen_trainer.engines.hf import HFEngine  # noqa: E402
 from ragen_trainer.engines.hf_generate import GenerateEngine  # noqa: E402
 from ragen_trainer.engines.openai import OpenAIEngineError  # noqa: E402
 from ragen_trainer.engines.vllm import VLLMEngine, named_weights_for_vllm  # noqa: E402
+from tests.trainer.conftest import JSONServer  # noqa: E402
 
 
-class _DevEndpoints:
-    """Answers as a vLLM server with ``VLLM_SERVER_DEV_MODE=1``: ``/server_info``, ``/collective_rpc``,
-    ``/reset_prefix_cache`` (all 404 with ``dev_mode=False``); records the POSTs."""
+def _dev_endpoints(dev_mode: bool = True, chunked: bool = False) -> JSONServer:
+    """A stand-in for a CPU vLLM server with ``VLLM_SERVER_DEV_MODE=1``: ``/server_info``, ``/collective_rpc``,
+    ``/reset_prefix_cache`` (all 404 with ``dev_mode=False``)."""
 
-    def __init__(self, dev_mode: bool = True, device: str = "cpu", chunked: bool = False) -> None:
-        self.posts: list[tuple[str, dict]] = []
-        outer = self
+    def respond(path: str, body: dict | None) -> tuple[int, dict]:
+        if not dev_mode or (body is None and not path.startswith("/server_info")):
+            return 404, {"detail": "Not Found"}
+        if body is None:
+            return 200, {"vllm_config": {"device_config": {"device": "cpu"}, "weight_transfer_config": None,
+                                         "scheduler_config": {"enable_chunked_prefill": chunked}}}  # fmt: skip
+        return 200, {"results": [None]} if path == "/collective_rpc" else {"success": True}
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, code, payload):
-                body = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                if not dev_mode or not self.path.startswith("/server_info"):
-                    return self._send(404, {"detail": "Not Found"})
-                config = {"device_config": {"device": device}, "weight_transfer_config": None,
-                          "scheduler_config": {"enable_chunked_prefill": chunked}}  # fmt: skip
-                return self._send(200, {"vllm_config": config})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
-                outer.posts.append((self.path, body))
-                if not dev_mode:
-                    return self._send(404, {"detail": "Not Found"})
-                return self._send(200, {"results": [None]} if self.path == "/collective_rpc" else {"success": True})
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+    return JSONServer(respond)
 
 
 def _server_engine(url, tokenizer, weights_dir):
@@ -79,12 +44,12 @@ def _server_engine(url, tokenizer, weights_dir):
 def test_reload_sync_writes_the_weights_and_asks_the_server_to_reload_them(tiny_model, tiny_tokenizer, tmp_path):
     from safetensors.torch import load_file
 
-    with _DevEndpoints() as server:
-        engine = _server_engine(server.url, tiny_tokenizer, str(tmp_path / "w"))
+    with _dev_endpoints() as server:
+        engine = _server_engine(server.root, tiny_tokenizer, str(tmp_path / "w"))
         assert engine.resolved_weight_sync(tiny_model) == "reload"  # a CPU policy
         engine.update_weights(tiny_model)
-    assert [path for path, _ in server.posts] == ["/collective_rpc", "/reset_prefix_cache"]
-    assert server.posts[0][1] == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "w")}}
+    assert [r["path"] for r in server.requests] == ["/collective_rpc", "/reset_prefix_cache"]
+    assert server.requests[0]["body"] == {"method": "reload_weights", "kwargs": {"weights_path": str(tmp_path / "w")}}
     saved = load_file(str(tmp_path / "w" / "model.safetensors"))
     expected = dict(named_weights_for_vllm(tiny_model))
     assert set(saved) == set(expected)  # tied weights included: vLLM's reload keeps a head it is not given
@@ -93,16 +58,16 @@ def test_reload_sync_writes_the_weights_and_asks_the_server_to_reload_them(tiny_
 
 
 def test_reload_sync_says_what_the_server_lacks(tiny_model, tiny_tokenizer, tmp_path):
-    with _DevEndpoints(dev_mode=False) as server:
-        engine = _server_engine(server.url, tiny_tokenizer, str(tmp_path / "w"))
+    with _dev_endpoints(dev_mode=False) as server:
+        engine = _server_engine(server.root, tiny_tokenizer, str(tmp_path / "w"))
         with pytest.raises(OpenAIEngineError, match="VLLM_SERVER_DEV_MODE=1"):
             engine.update_weights(tiny_model)
-    with _DevEndpoints() as server:
-        engine = _server_engine(server.url, tiny_tokenizer, None)
+    with _dev_endpoints() as server:
+        engine = _server_engine(server.root, tiny_tokenizer, None)
         with pytest.raises(ValueError, match="weights_dir"):
             engine.update_weights(tiny_model)
-    with _DevEndpoints(chunked=True) as server, pytest.raises(ValueError, match="--no-enable-chunked-prefill"):
-        _server_engine(server.url, tiny_tokenizer, str(tmp_path / "w"))
+    with _dev_endpoints(chunked=True) as server, pytest.raises(ValueError, match="--no-enable-chunked-prefill"):
+        _server_engine(server.root, tiny_tokenizer, str(tmp_path / "w"))
 
 
 def test_factory_builds_the_engine_the_config_names(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
