@@ -33,6 +33,7 @@ work (:mod:`benchmarks.trl_step`).
     python benchmarks/bench_rollout.py --envs ragen/FrozenLake-v0 --max-new-tokens 64 --trl
     python benchmarks/bench_rollout.py --repeats 2                                # fastest of two runs per path
     .venv-vllm/bin/python benchmarks/bench_rollout.py --vllm --envs ragen/FrozenLake-v0 --repeats 2   # + vLLM
+    .venv-vllm/bin/python benchmarks/bench_rollout.py --vllm --skip before no-stop   # hf, plain generate, vLLM only
 """
 
 from __future__ import annotations
@@ -116,17 +117,20 @@ def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace,
     print(f"\n{env_id}: {args.groups} x {args.group_size} episodes, {max_new} new tokens per reply", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.repeats):
-        before = _collect(GenerateEngine(model, tokenizer, batch_size=args.batch_size), tokenizer, env_id, args,
-                          max_new, stop=False)  # fmt: skip
-        runs.setdefault("hf-generate (before)", []).append(before)
+        if "before" not in args.skip:
+            before = _collect(GenerateEngine(model, tokenizer, batch_size=args.batch_size), tokenizer, env_id, args,
+                              max_new, stop=False)  # fmt: skip
+            runs.setdefault("hf-generate (before)", []).append(before)
         engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
         hf = {**_collect(engine, tokenizer, env_id, args, max_new, stop=True), "stats": dict(engine.stats)}
         runs.setdefault("hf", []).append(hf)
-        engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
-        runs.setdefault("hf, no stop strings", []).append(
-            {**_collect(engine, tokenizer, env_id, args, max_new, stop=False), "stats": dict(engine.stats)}
-        )
-        plain = _plain_generate(model, tokenizer, before["first_prompts"], hf["tokens"], args.batch_size)
+        if "no-stop" not in args.skip:
+            engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
+            runs.setdefault("hf, no stop strings", []).append(
+                {**_collect(engine, tokenizer, env_id, args, max_new, stop=False), "stats": dict(engine.stats)}
+            )
+        # The episodes' first prompts are the same whichever engine played them (same seeds, same initial states).
+        plain = _plain_generate(model, tokenizer, hf["first_prompts"], hf["tokens"], args.batch_size)
         runs.setdefault("plain generate (first-turn prompts)", []).append(plain)
         if vllm_engine is not None:
             vllm_engine.llm.reset_prefix_cache()  # every repeat starts cold, as the hf engine's new cache does
@@ -189,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of every path, in turn; each path reports its fastest (default 1)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl", action="store_true", help="also time one GRPO step: ragen-trainer vs TRL GRPOTrainer")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["before", "no-stop"],
+                        help="leave out the hf-generate (before) row and/or the hf row without stop strings "
+                             "(the speed-up column is then against the first row left)")  # fmt: skip
     parser.add_argument("--vllm", action="store_true",
                         help="also roll out through vLLM in this process (needs vLLM: the lane's .venv-vllm)")
     parser.add_argument("--json", default="", help="also write the rows to this JSON file")
