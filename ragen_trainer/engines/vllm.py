@@ -36,7 +36,7 @@ rollout, then resets vLLM's prefix cache (its cached KV blocks belong to the old
 for the push and unmerged after; the critic's value head is left out.
 
 * ``colocate`` (GPU and CPU): the weights go straight into the in-process engine through the worker's
-  ``reload_weights(weights_iterator=...)`` (vLLM >= 0.2x; the layer-wise reload that re-runs the kernel-format
+  ``reload_weights(weights_iterator=...)`` (in vLLM 0.32; the layer-wise reload that re-runs the kernel-format
   processing, e.g. the CPU backend's repacked linear weights, whose parameters a plain ``model.load_weights`` no longer
   finds after start-up). Older vLLM: ``model_runner.model.load_weights``, as TRL's colocate mode does. The engine must
   live in this process: colocate sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` when it is unset.
