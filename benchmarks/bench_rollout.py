@@ -17,8 +17,9 @@ with the bundled SmolLM2-135M-Instruct, and timed side by side in one run:
   this process (a ``vllm.LLM`` on the same SmolLM2 weights, float32, prefix caching on, stop string ``</answer>``),
   as ``ragen-trainer train --engine vllm`` rolls out. Needs vLLM: on a CPU run it inside the lane's venv
   (``bash scripts/vllm_lane.sh --setup-only``, then ``.venv-vllm/bin/python benchmarks/bench_rollout.py --vllm``).
-  The engine is built once and warmed up with one short request before any timing (its first call pays one-off
-  start-up work that training does not repeat every step).
+  The engine is built once, after the first env's first ``hf`` and ``plain generate`` runs (those then run in a
+  process without vLLM; later repeats run beside it), and warmed up with one short request before any timing (its
+  first call pays one-off start-up work that training does not repeat every step).
 
 Columns: generated tokens, seconds, generated tokens per second, episodes per second, the share of the rollout spent
 outside the engine (env steps, protocol, chat-template deltas, bookkeeping) and the speed-up over the first row.
@@ -109,7 +110,7 @@ def make_vllm_engine(tokenizer: Any) -> Any:
 
 
 def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace,
-            vllm_engine: Any = None) -> list[dict[str, Any]]:  # fmt: skip
+            vllm_holder: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     from ragen_trainer.engines.hf import HFEngine
     from ragen_trainer.engines.hf_generate import GenerateEngine
 
@@ -132,7 +133,10 @@ def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace,
         # The episodes' first prompts are the same whichever engine played them (same seeds, same initial states).
         plain = _plain_generate(model, tokenizer, hf["first_prompts"], hf["tokens"], args.batch_size)
         runs.setdefault("plain generate (first-turn prompts)", []).append(plain)
-        if vllm_engine is not None:
+        if vllm_holder is not None:
+            if "engine" not in vllm_holder:
+                vllm_holder["engine"] = make_vllm_engine(tokenizer)
+            vllm_engine = vllm_holder["engine"]
             vllm_engine.llm.reset_prefix_cache()  # every repeat starts cold, as the hf engine's new cache does
             runs.setdefault("vllm (colocate)", []).append(
                 _collect(vllm_engine, tokenizer, env_id, args, max_new, stop=True)
@@ -210,12 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer("smollm2", device="cpu", dtype="float32")
     model.eval()
-    vllm_engine = make_vllm_engine(tokenizer) if args.vllm else None
+    vllm_holder: dict[str, Any] | None = {} if args.vllm else None  # the engine, built when first needed
     print(f"SmolLM2-135M-Instruct, float32, {torch.get_num_threads()} threads, batch {args.batch_size}", flush=True)
     print("versions: " + ", ".join(f"{name} {ver}" for name, ver in package_versions(args.vllm).items()), flush=True)
     rows = []
     for env_id in args.envs:
-        env_rows = run_env(model, tokenizer, env_id, args, vllm_engine)
+        env_rows = run_env(model, tokenizer, env_id, args, vllm_holder)
         rows += env_rows
         print(format_table(env_rows), flush=True)
     runs = "one run" if args.repeats == 1 else f"fastest of {args.repeats} runs per path"
