@@ -78,6 +78,20 @@ class ValueModel(nn.Module):
         return self.head(out.last_hidden_state)
 
 
+def whole_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of ``module`` with every weight whole. Under DeepSpeed ZeRO-3 ``from_pretrained`` loads the weights
+    partitioned (each process holds a shard and the tensor the module shows is empty), and a plain ``deepcopy`` would
+    copy the empty tensors: the critic's backbone would have no weights. The shards are gathered for the copy; the
+    engine partitions the copy's weights again when it wraps the model."""
+    partitioned = [p for p in module.parameters() if hasattr(p, "ds_id")]
+    if not partitioned:
+        return copy.deepcopy(module)
+    import deepspeed  # optional dependency: only a model already partitioned by DeepSpeed gets here
+
+    with deepspeed.zero.GatheredParameters(partitioned):
+        return copy.deepcopy(module)
+
+
 def attach_critic(model: nn.Module, kind: str) -> nn.Module:
     """Register a critic of ``kind`` on ``model`` (a transformers causal LM) and install the policy forward that
     can return values (:func:`install_policy_forward`). Idempotent: an existing critic is kept. Returns the critic."""
@@ -91,7 +105,7 @@ def attach_critic(model: nn.Module, kind: str) -> nn.Module:
     if kind == "value_head":
         critic: nn.Module = ValueHead(hidden)
     else:
-        critic = ValueModel(copy.deepcopy(model.get_decoder() if hasattr(model, "get_decoder") else model.base_model),
+        critic = ValueModel(whole_copy(model.get_decoder() if hasattr(model, "get_decoder") else model.base_model),
                             hidden)
     param = next(model.parameters())
     critic.to(device=param.device, dtype=param.dtype if kind == "value_model" else torch.float32)

@@ -156,3 +156,29 @@ def test_the_train_command_runs_as_two_processes(tmp_path, tiny_model_dir):
     assert rows[0]["filter/kept_trajectories"] == 2  # int(0.5 x 3) = 1 group of 2
     assert _world(out) == 2 and (out / "checkpoint-1" / "rng_state_1.pth").is_file()
     assert json.loads((out / "summary.json").read_text())["steps"] == 1
+
+
+def test_the_train_command_under_zero3_copies_the_whole_policy_into_a_separate_critic(tmp_path, tiny_model_dir):
+    """Under ZeRO-3 ``from_pretrained`` loads the weights partitioned; the separate critic (``value_model``) is a copy
+    of the policy's backbone and must be copied whole, not as the empty tensors a process shows (it was: the first
+    critic forward failed on a zero-size parameter). Two processes run ``ragen-trainer train`` for one step; the saved
+    critic's backbone has the policy's shapes and starts from its weights."""
+    out = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+        "-m", "ragen_trainer.cli", "train", "--config", "starpo-s", "--critic", "value_model", "--model",
+        str(tiny_model_dir), "--output_dir", str(out), "--deepspeed", ZERO3, "--total_steps", "1", "--env_groups",
+        "2", "--group_size", "2", "--max_new_tokens", "4", "--max_context_tokens", "1024", "--max_turns", "1",
+        "--val_every", "0", "--save_steps", "1", "--micro_batch_size", "2", "--filter_ratio", "1.0",
+        "--critic_lr", "1e-6", "--report_to", "jsonl",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=_env(), check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    initial = load_file(str(next(Path(tiny_model_dir).glob("*.safetensors"))))
+    critic = load_file(str(out / "checkpoint-1" / "critic.safetensors"))
+    backbone = {k.removeprefix("backbone."): v for k, v in critic.items() if k.startswith("backbone.")}
+    assert backbone, sorted(critic)
+    for name, value in backbone.items():
+        source = initial[f"model.{name}"]
+        assert value.shape == source.shape, name
+        assert float((value.float() - source.float()).abs().max()) < 1e-3, name  # one step at lr 1e-6
