@@ -92,6 +92,7 @@ def run(preset: str, model: Any, tok: Any, args: argparse.Namespace, out: Path) 
 
     tiny = args.model == "tiny"
     cfg = load_config(preset).replace(
+        reference="latest",  # the documented comparison ran at today's reference (replies-only loss mask)
         env_id="ragen/Bandit-v0", output_dir=str(out / preset), seed=args.seed, total_steps=args.steps,
         env_groups=args.groups, group_size=args.group_size, max_turns=1, enable_think=False,
         max_new_tokens=args.max_new_tokens or (1 if tiny else 2), max_context_tokens=1024,

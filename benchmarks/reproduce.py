@@ -1,74 +1,44 @@
-"""The RAGEN paper's findings, reproduced at small scale: one command per experiment, curves as JSON and PNG.
+"""The RAGEN paper's experiments as the paper ran them: one command per figure or table, at the paper's scale or at a
+fixed CPU scale, curves as JSON and PNG.
 
-Each experiment is a list of ``ragen-trainer`` runs (the same code path as ``ragen-trainer train``) on the same seeds,
-played one after the other; their per-step metrics (``metrics.jsonl``) are gathered into
-``<out>/<experiment>-<env>.json`` and drawn into ``<out>/<experiment>-<env>.png`` (the curves that show the
-experiment's finding), with the Echo Trap monitor's warnings marked on the curves. A run already finished in
-``--runs`` is read back instead of trained again (delete its folder to redo it), so an interrupted experiment resumes
-where it stopped.
+Every experiment is designed as the reference's ``train_all.sh`` (RAGEN ``3059df8``) and its configs run it: the
+runs, what differs between them, and where each comes from (file and line) are in :data:`EXPERIMENTS`; every run
+is a preset (``ragen_trainer.config.PRESETS``, ``reference: paper`` by default) plus the few fields it changes.
 
-    python benchmarks/reproduce.py echo-trap                  # Bandit: vanilla PPO, vanilla GRPO, StarPO-S + filter sweep
-    python benchmarks/reproduce.py echo-trap --env ragen/FrozenLake-v0 --max-new-tokens 48
-    python benchmarks/reproduce.py echo-trap --model Qwen/Qwen2.5-0.5B-Instruct --engine vllm \\
-        --engine-url http://127.0.0.1:8000 --groups 8 --group-size 16 --steps 200 --lr 1e-6 --max-new-tokens 400 \\
-        --enable-think true
-    python benchmarks/reproduce.py reasoning                  # FrozenLake: outcome reward vs grounding reward, thinking
-    python benchmarks/reproduce.py rollout-shape              # FrozenLake: 1..7 actions per turn, fresh vs stale
+    python benchmarks/reproduce.py list                              # every experiment, its runs and sources
+    python benchmarks/reproduce.py fig9-starpo-s --scale cpu         # one experiment, CPU scale
+    python benchmarks/reproduce.py table4-generalization --scale paper --gpus 1
+    python benchmarks/reproduce.py paper --gpus 8 --dry-run          # the whole set: configs and GPU-hour estimate
+    python benchmarks/reproduce.py paper --gpus 8                    # ... and run it, in sequence, resumable
 
-Experiments (each has its own default env and reply budget; ``--env`` and ``--max-new-tokens`` override them):
+Scales.
 
-* ``echo-trap`` (Finding 1; Bandit, 8 tokens per reply): vanilla StarPO with the PPO backbone (``ppo``) and the GRPO
-  backbone (``grpo``) against StarPO-S (``starpo-s``), plus the filter-ratio sweep of the PPO backbone (keep 1.0 =
-  ``ppo``, 0.75, 0.5, 0.25). Curves: training success, in-group reward std, entropy, gradient norm, share of
-  distinct replies.
-* ``reasoning`` (Finding 3; FrozenLake, 64 tokens per reply): StarPO-S (``starpo-s``) with thinking on and the
-  outcome reward only (``think-outcome``), with thinking on and the reasoning-grounding reward added
-  (``think-grounding``: :class:`~ragen_envs.rewards.ReasoningGroundingReward` at its default weight 1), and with
-  thinking off (``no-think-outcome``). Every run wraps the env in the grounding wrapper: the outcome-only runs at
-  ``weight: 0``, where it changes no reward and only *measures* how many claims each turn's ``<think>`` makes about
-  the state it saw that are true (supported) or false (contradicted, the paper's "hallucinated" reasoning). Thinking
-  off has no grounding-reward twin: the wrapper pays nothing for a reply without thinking, so that run would train on
-  the same rewards as ``no-think-outcome``. Each run's own ``enable_think`` wins over ``--enable-think``. Curves:
-  thinking length (tokens of ``<think>`` per turn), supported and contradicted claims per turn, training success,
-  format errors (a small model with thinking on often fails to close its reply within the budget; this panel tells
-  that apart from thinking that shrinks). The paper's claim: with the outcome reward alone thinking shrinks or stops
-  matching the state; the grounding reward keeps it grounded.
-* ``rollout-shape`` (Finding 2; FrozenLake, 32 tokens per reply, thinking off as ``--enable-think``): StarPO-S with
-  ``actions_per_turn`` 1..7 (``actions-1`` .. ``actions-7``; the episode keeps the env's 5 turns and its 10-action
-  budget, so 1 or 2 actions per turn cannot spend the budget: the paper's granularity trade-off), and fresh against
-  stale rollouts. *Fresh* is ``actions-5`` (the reference's 5 actions per turn): new rollouts for every update pass.
-  *Stale* (``stale-3x``) is the same run with ``ppo_epochs: 3`` and a third of the training steps: each rollout batch
-  is used for 3 passes of PPO updates before new rollouts are drawn (the paper's rollouts refreshed every 3 updates
-  rather than every update), so both runs make the same number of update passes and the stale run sees a third of
-  the rollouts. The 2nd and 3rd passes train on rollouts of a policy that has since changed, against the log-probs,
-  critic values and advantages computed when the batch was drawn, with PPO's clipping bounding the drift
-  (``policy/clipfrac`` shows it); the filter picks its groups once per batch. The x axis of this experiment's curves is
-  update passes (training steps x ``ppo_epochs``), so fresh and stale line up. Curves: training success, reward,
-  in-group reward std, format errors (more actions need more tokens), clip fraction.
+* ``paper`` (default): the presets' values as the paper's runs used them (Qwen2.5-0.5B-Instruct, 8 initial states x
+  16 rollouts, 200 steps, validation on 256 states every 10 steps at temperature 0.5, 400 tokens a reply, 500 on
+  Bandit as ``config/_1_bandit.yaml``), each run's ``train_all.sh`` overrides on top. Runs train through
+  ``ragen-trainer train`` in a subprocess (``accelerate launch --num_processes N`` with ``--gpus N > 1``), save a
+  checkpoint every 10 steps and resume from it when the command is run again.
+* ``cpu``: :data:`CPU_SCALE`, fixed (and written in ``docs/reproduction.md``) before any run: SmolLM2-135M, small
+  batches and few steps, and the ``reply-format`` warm-up (:mod:`ragen_trainer.warmup`), without which that model
+  earns the same format penalty on every rollout and nothing can be learned. Runs train in this process.
 
-Scale. The CPU defaults of ``echo-trap`` (SmolLM2-135M, 8 initial states x 4 rollouts, 15 steps, validation on 32
-states every 5 steps, thinking off and 8 tokens per reply as the quickstart's Bandit run -- with thinking on, the 135M
-model rarely closes its answer within a CPU-sized token budget, so every reply would earn the same format penalty and
-nothing would be learned --, learning rate 5e-5 and 10x for the critic as in the reference's 1e-6 / 1e-5, PPO
-mini-batches of a quarter of the batch as the reference's 32 of 128) make it about 1.5 hours on a 2-core CPU
-(measured: 65 minutes for five of its six runs; ``ppo-keep-0.75``, 3 updates a step, about 2 to 4 minutes a step).
-The two FrozenLake experiments play five-turn episodes with longer replies, so their defaults are smaller
-(:data:`_MULTI_TURN_SCALE`: 4 initial states x 4 rollouts, 6 steps, validation on 8 states every 3 steps):
-``reasoning`` took about 50 minutes (measured: 17-18 minutes a run); ``rollout-shape`` takes 12-16 minutes per
-``actions-k`` run and about 8 for ``stale-3x`` (measured), so all eight runs take about 1.8 hours and the documented
-subset (``--only actions-1 actions-3 actions-5 actions-7 stale-3x``) about an hour. Their reply budgets are the smallest
-that fit a short thought and an answer (64) or seven actions (32). A run uses up to ~15 GB of memory: run one
-experiment at a time. All of it was fixed before any result was seen and is the same for every run of an experiment; nothing here is
-tuned toward the paper's curves. ``--groups``, ``--steps``, ``--val-every`` and ``--val-groups`` change the scale.
+A run that finished (its ``summary.json`` says so) is read back, not trained again, so an interrupted experiment
+resumes where it stopped; runs shared by several experiments (``ppo`` on Sokoban is in Figures 5, 8 and 9) train
+once. Runs with generalisation splits are evaluated on them after training (:data:`SPLITS`: the final model, one
+rollout per state at the validation temperature). Curves are EMA-smoothed as the paper's (its Appendix B.3 gives no
+coefficient: :data:`EMA` is ours), the raw points drawn faintly beside them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,169 +46,318 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-#: Curves of ``echo-trap`` (Finding 1): metric key -> panel title.
-CURVES: dict[str, str] = {
-    "success_rate": "training success",
-    "reward/in_group_std": "in-group reward std",
-    "policy/entropy": "entropy",
-    "optim/grad_norm": "gradient norm (policy)",
-    "diversity/unique_reply_share": "distinct replies",
+#: The paper's smoothing of training curves is an EMA (Appendix B.3, coefficient not given): value_t = EMA *
+#: value_{t-1} + (1 - EMA) * raw_t.
+EMA = 0.6
+
+#: The paper's model (Section 3.2, Appendix B.2).
+PAPER_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+#: Per env: the env id and the paper-scale fields that its reference config file changes from ``config/base.yaml``.
+ENVS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bandit": ("ragen/Bandit-v0", {"max_new_tokens": 500}),  # config/_1_bandit.yaml: response_length 500
+    "sokoban": ("ragen/Sokoban-v0", {}),
+    "frozenlake": ("ragen/FrozenLake-v0", {}),
 }
 
-#: Curves of ``reasoning`` (Finding 3).
-REASONING_CURVES: dict[str, str] = {
-    "response/thinking_length": "thinking length (tokens per turn)",
-    "grounding/supported_claims": "supported claims per turn",
-    "grounding/contradicted_claims": "contradicted claims per turn",
-    "success_rate": "training success",
-    "actions/format_error_rate": "format errors per turn",
+#: Generalisation splits, evaluated on a run's final model: name -> (env id, env kwargs). The Bandit names are
+#: ``train_all.sh``'s Section 5.1 (``custom_envs.BanditTest.env_config``); the Sokoban ones its
+#: ``SOKOBAN_GENERALIZATION_CONFIG`` (``SimpleSokoban, LargerSokoban, SokobanDifferentGridVocab, FrozenLake``).
+SPLITS: dict[str, tuple[str, dict[str, Any]]] = {
+    "bandit-test": ("ragen/Bandit-v0", {"low_risk_name": "Trader", "high_risk_name": "Librarian"}),
+    "bandit-rev-test": ("ragen/Bandit-v0", {"low_risk_name": "Librarian", "high_risk_name": "Trader"}),
+    "sokoban": ("ragen/Sokoban-v0", {}),
+    "sokoban-large": ("ragen/SokobanLarge-v0", {}),
+    "sokoban-new-vocab": ("ragen/SokobanNewVocab-v0", {}),
+    "frozenlake": ("ragen/FrozenLake-v0", {}),
 }
-
-#: Curves of ``rollout-shape`` (Finding 2).
-ROLLOUT_SHAPE_CURVES: dict[str, str] = {
-    "success_rate": "training success",
-    "reward/mean": "reward",
-    "reward/in_group_std": "in-group reward std",
-    "actions/format_error_rate": "format errors per turn",
-    "policy/clipfrac": "clip fraction",
-}
-
-#: Gathered into every experiment's JSON besides its curves (the summary table reads the first three).
-ALWAYS_KEPT: tuple[str, ...] = ("success_rate", "reward/in_group_std", "val/success", "policy/clipfrac",
-                                "filter/kept_ratio", "response/thinking_length")  # fmt: skip
-
-#: ``rollout-shape``: the fresh run's actions per turn (the reference's), and the update passes per rollout batch of
-#: the stale run.
-FRESH_ACTIONS_PER_TURN = 5
-STALE_PASSES = 3
+#: ``SOKOBAN_GENERALIZATION_CONFIG``: 128 validation states of each of its four envs.
+SOKOBAN_SPLITS = ("sokoban", "sokoban-large", "sokoban-new-vocab", "frozenlake")
+SPLIT_STATES = {"paper": 128, "cpu": 16}
+#: The Bandit generalisation runs' arm names (train_all.sh lines 53-77): (train low, train high), test split.
+BANDIT_NAMES = {"original": (("Engineer", "Teacher"), "bandit-test"), "reverse": (("Teacher", "Engineer"),
+                                                                                  "bandit-rev-test")}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """One training run of an experiment: a preset and the fields it changes."""
+    """One training run: a preset on an env plus the fields it changes, and the ``train_all.sh`` line it follows."""
 
     name: str
+    env: str
     preset: str
     changes: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
+    splits: tuple[str, ...] = ()
+    """Generalisation splits evaluated on the final model (:data:`SPLITS`)."""
 
-
-def echo_trap_runs(args: argparse.Namespace | None = None) -> list[Run]:
-    """Finding 1: vanilla PPO and GRPO against StarPO-S, and the filter-ratio sweep of the PPO backbone."""
-    runs = [Run("ppo", "ppo"), Run("grpo", "grpo"), Run("starpo-s", "starpo-s")]
-    runs += [Run(f"ppo-keep-{ratio}", "ppo", {"filter_ratio": ratio}) for ratio in (0.75, 0.5, 0.25)]
-    return runs
-
-
-def grounding_wrapper(weight: float | None) -> dict[str, Any]:
-    """``env_kwargs`` that wrap the env in the reasoning-grounding reward; ``weight=0`` measures without rewarding,
-    ``None`` keeps the wrapper's default weight."""
-    spec: dict[str, Any] = {"name": "grounding"}
-    if weight is not None:
-        spec["weight"] = weight
-    return {"reward_wrappers": [spec]}
-
-
-def reasoning_runs(args: argparse.Namespace | None = None) -> list[Run]:
-    """Finding 3: thinking with the outcome reward only (grounding measured at weight 0), thinking with the grounding
-    reward, and no thinking; all StarPO-S on the same seeds."""
-
-    def run(name: str, think: bool, weight: float | None) -> Run:
-        return Run(name, "starpo-s", {"protocol": {"enable_think": think}, "env_kwargs": grounding_wrapper(weight)})
-
-    return [run("think-outcome", True, 0.0), run("think-grounding", True, None), run("no-think-outcome", False, 0.0)]
-
-
-def rollout_shape_runs(args: argparse.Namespace) -> list[Run]:
-    """Finding 2: 1..7 actions per turn, and fresh rollouts (``actions-5``) against rollouts reused for
-    :data:`STALE_PASSES` update passes (``ppo_epochs``) over a third of the steps, so both make as many passes."""
-    runs = [Run(f"actions-{k}", "starpo-s", {"protocol": {"actions_per_turn": k}}) for k in range(1, 8)]
-    stale = {"protocol": {"actions_per_turn": FRESH_ACTIONS_PER_TURN}, "ppo_epochs": STALE_PASSES,
-             "total_steps": max(1, args.steps // STALE_PASSES)}  # fmt: skip
-    runs.append(Run(f"stale-{STALE_PASSES}x", "starpo-s", stale))
-    return runs
+    @property
+    def key(self) -> str:
+        """Folder name: the same run in several experiments trains once."""
+        return f"{self.env}/{self.name}"
 
 
 @dataclass(frozen=True)
 class Experiment:
-    """One experiment: the runs it trains, the defaults that fit them, and the curves that show its finding."""
+    """One figure or table of the paper: its runs, what may differ between them, and what to draw."""
 
-    runs: Callable[[argparse.Namespace], list[Run]]
-    env: str
-    """Default env id (``--env`` overrides)."""
-    max_new_tokens: int
-    """Default tokens per reply (``--max-new-tokens`` overrides)."""
+    name: str
+    paper: str
+    """Where in the paper (arXiv 2504.20073 v1, the PDF in RAGEN 3059df8)."""
+    claim: str
+    runs: Callable[[], list[Run]]
+    varies: tuple[str, ...]
+    """The config fields (``protocol.x`` for protocol settings) in which the runs differ; tests check that nothing
+    else does (the run name, output folder and model aside)."""
     curves: dict[str, str]
-    """Metric key -> panel title, drawn for every run."""
-    x_key: str = "step"
-    """The curves' x axis: ``step`` (training steps) or ``update_passes`` (steps x ``ppo_epochs``)."""
-    scale: dict[str, int] = field(default_factory=dict)
-    """Defaults of ``--groups``, ``--steps``, ``--val-every``, ``--val-groups`` (options not named here take
-    :data:`DEFAULT_SCALE`'s): what fits the experiment's runs into about an hour on a 2-core CPU."""
+    paper_numbers: str = ""
+    credit: str = "paper"
+    x: str = "step"
+    """The curves' x axis: ``step`` (training steps) or ``updates`` (optimizer steps, for designs that change how many
+    updates a step makes)."""
+    """``paper`` or ``ragen`` (an extension of ours, not a result of the paper)."""
 
 
-#: The CPU scale of an experiment unless it sets its own (:attr:`Experiment.scale`) or the command line does.
-DEFAULT_SCALE: dict[str, int] = {"groups": 8, "steps": 15, "val_every": 5, "val_groups": 32}
+def _run(name: str, env: str, preset: str, source: str, **changes: Any) -> Run:
+    splits = changes.pop("splits", ())
+    return Run(name, env, preset, changes, source, tuple(splits))
 
-#: The multi-turn experiments' CPU scale: 4 initial states x 4 rollouts, 6 steps, validation on 8 states every 3
-#: steps. Set before any of their runs, from the measured cost of the Bandit runs, so that each experiment takes about
-#: an hour on 2 cores; not tuned on results.
-_MULTI_TURN_SCALE: dict[str, int] = {"groups": 4, "steps": 6, "val_every": 3, "val_groups": 8}
 
-EXPERIMENTS: dict[str, Experiment] = {
-    "echo-trap": Experiment(echo_trap_runs, "ragen/Bandit-v0", 8, CURVES),
-    "reasoning": Experiment(reasoning_runs, "ragen/FrozenLake-v0", 64, REASONING_CURVES, scale=_MULTI_TURN_SCALE),
-    "rollout-shape": Experiment(
-        rollout_shape_runs, "ragen/FrozenLake-v0", 32, ROLLOUT_SHAPE_CURVES, x_key="update_passes",
-        scale=_MULTI_TURN_SCALE,
-    ),
+# ------------------------------------------------------------------------------------------------- the experiments
+def fig5_runs() -> list[Run]:
+    return [_run(f"{algo}", env, algo, f"train_all.sh:{line} {env.replace('frozenlake', 'frozen_lake')}-{algo}")
+            for env, lines in (("bandit", (9, 10)), ("sokoban", (11, 12)), ("frozenlake", (13, 14)))
+            for algo, line in zip(("ppo", "grpo"), lines)]  # fmt: skip
+
+
+def fig7_runs() -> list[Run]:
+    lines = {0.25: (18, 19, 20, 21), 0.5: (26, 27, 28, 29), 0.75: (32, 33, 34, 35)}
+    runs = []
+    for env_index, env in enumerate(("sokoban", "frozenlake")):
+        for algo_index, preset in enumerate(("starpo-s", "starpo-s-grpo")):
+            short = "ppo" if preset == "starpo-s" else "grpo"
+            for ratio in (1.0, 0.75, 0.5, 0.25):
+                line = lines.get(ratio, (None,) * 4)[2 * env_index + algo_index]
+                source = (f"train_all.sh:{line} rollout_filter_ratio={ratio}" if line else
+                          "no train_all.sh run: the keep-all twin of its filter runs (its Figure 7 'All Rollouts' "
+                          "line may be the $USE_BASE run, which also changes clip and KL)")  # fmt: skip
+                name = "starpo-s" if (preset, ratio) == ("starpo-s", 0.25) else f"{short}-keep-{ratio}"
+                runs.append(_run(name, env, preset, source, **({} if ratio == 0.25 else {"filter_ratio": ratio})))
+    return runs
+
+
+def fig8_runs() -> list[Run]:
+    runs = []
+    for env, lines in (("sokoban", (41, 42, 43)), ("frozenlake", (45, 46, 47))):
+        runs.append(_run("ppo", env, "ppo", f"train_all.sh:{lines[0]} {env}-base-ppo"))
+        runs.append(_run("ppo-cliphigh", env, "ppo", f"train_all.sh:{lines[1]} {env}-base-ppo-cliphigh",
+                         clip_high=0.28))
+        runs.append(_run("ppo-nokl", env, "ppo", f"train_all.sh:{lines[2]} {env}-base-ppo-nokl", kl_reward_coef=0.0))
+    return runs
+
+
+def fig9_runs() -> list[Run]:
+    runs = []
+    for env, line in (("bandit", 9), ("sokoban", 11), ("frozenlake", 13)):
+        runs.append(_run("ppo", env, "ppo", f"train_all.sh:{line} (StarPO w/ PPO)"))
+        runs.append(_run("starpo-s", env, "starpo-s", "config/base.yaml as it stands (train_all.sh:18 with 0.25)"))
+    return runs
+
+
+def _sokoban_gen(name: str, source: str, **changes: Any) -> Run:
+    return _run(name, "sokoban", "starpo-s", source, splits=SOKOBAN_SPLITS, **changes)
+
+
+def table2_runs() -> list[Run]:
+    shapes = ((4, 32), (8, 16), (16, 8), (32, 4), (64, 2), (128, 1))
+    return [_sokoban_gen(f"p{p}-n{n}", f"train_all.sh:{127 + i} sokoban-prompt-diversity-{p}", env_groups=p, group_size=n)
+            for i, (p, n) in enumerate(shapes)]  # fmt: skip
+
+
+def table3_runs() -> list[Run]:
+    # The per-turn cap and the episode budget scale together (max_actions_per_traj = 5 x cap), as train_all.sh.
+    return [_sokoban_gen(f"actions-{k}", f"train_all.sh:{116 + k} sokoban-action-count-{k}",
+                         protocol={"actions_per_turn": k, "max_actions_per_episode": 5 * k}) for k in range(1, 9)]
+
+
+def fig10_runs() -> list[Run]:
+    # Online-k: k times the groups, the kept k x 32 trajectories make k updates of 32 (distinct mini-batches), and
+    # the validation every 10 updates; train_all.sh gives online-10 80 steps (800 updates), not 20.
+    runs = [_sokoban_gen("online-1", "train_all.sh:128 (sokoban-prompt-diversity-8: the base shape)")]
+    for k, steps, freq, line in ((2, 100, 5, 136), (5, 40, 2, 138), (10, 80, 1, 140)):
+        runs.append(_sokoban_gen(f"online-{k}", f"train_all.sh:{line} sokoban-online-{k}", env_groups=8 * k,
+                                 total_steps=steps, val_every=freq))
+    return runs
+
+
+def table4_runs() -> list[Run]:
+    runs = []
+    for variant, line in (("original", 53), ("reverse", 66)):
+        (low, high), split = BANDIT_NAMES[variant]
+        kwargs = {"low_risk_name": low, "high_risk_name": high}
+        suffix = "" if variant == "original" else "-rev"
+        runs.append(_run(f"generalization{suffix}", "bandit", "starpo-s", f"train_all.sh:{line} "
+                         f"bandit-generalization{suffix}", env_kwargs=kwargs, splits=(split,)))
+        runs.append(_run(f"generalization{suffix}-nothink", "bandit", "starpo-s-no-think", f"train_all.sh:{line + 6} "
+                         f"bandit-generalization{suffix}-nothink", env_kwargs=kwargs, splits=(split,)))
+    runs.append(_sokoban_gen("generalization", "train_all.sh:96 sokoban-generalization-qwen2.5-0.5b-instruct"))
+    runs.append(_run("generalization-nothink", "sokoban", "starpo-s-no-think",
+                     "train_all.sh:82 sokoban-generalization-nothink", splits=SOKOBAN_SPLITS))
+    return runs
+
+
+def grounding_runs() -> list[Run]:
+    """ragen's extension (the paper proposes reasoning-aware rewards as future work, Section 4.4)."""
+
+    def wrapper(weight: float | None) -> dict[str, Any]:
+        spec: dict[str, Any] = {"name": "grounding"}
+        if weight is not None:
+            spec["weight"] = weight
+        return {"reward_wrappers": [spec]}
+
+    return [_run("think-outcome", "frozenlake", "starpo-s", "ragen", env_kwargs=wrapper(0.0)),
+            _run("think-grounding", "frozenlake", "starpo-s", "ragen", env_kwargs=wrapper(None))]  # fmt: skip
+
+
+#: Curves drawn for every experiment unless it names its own: metric key -> panel title.
+TRAINING_CURVES: dict[str, str] = {
+    "val/success": "validation success",
+    "reward/mean": "training reward",
+    "reward/in_group_std": "in-group reward std",
+    "policy/entropy": "entropy",
+    "optim/grad_norm": "gradient norm",
+}
+LENGTH_CURVES: dict[str, str] = {
+    "response/thinking_length": "thinking length (tokens per turn)",
+    "response/length": "reply length (tokens)",
+    "val/success": "validation success",
+}
+GROUNDING_CURVES: dict[str, str] = {
+    "response/thinking_length": "thinking length (tokens per turn)",
+    "grounding/supported_claims": "supported claims per turn",
+    "grounding/contradicted_claims": "contradicted claims per turn",
+    "val/success": "validation success",
 }
 
-#: Config fields that are dicts: a run's entries are merged into the scale's rather than replacing the whole dict.
-_MERGED_FIELDS = ("protocol", "env_kwargs")
+EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
+    Experiment("fig5-echo-trap", "Figure 5, Figure 6 (Section 4.1)", "vanilla StarPO improves, then collapses; the "
+               "PPO variant holds longer than GRPO (Bandit, Sokoban), collapse announced by the in-group reward std "
+               "and entropy, then gradient-norm spikes", fig5_runs, ("preset",), TRAINING_CURVES,
+               "GRPO collapses at about step 20 (Bandit) and 10 (Sokoban); PPO holds until about 100 and 50"),
+    Experiment("fig7-filter", "Figure 7 (Section 4.2)", "keeping only the high-variance groups delays or removes the "
+               "collapse (PPO), helps GRPO modestly, and halves the update time", fig7_runs,
+               ("filter_ratio",), TRAINING_CURVES,
+               "keep 75% moved the FrozenLake PPO collapse from step 100 to 140; keep 50% removed it"),
+    Experiment("fig8-kl-cliphigh", "Figure 8 (Section 4.2)", "removing the KL term and clip-higher each raise the "
+               "peak success and delay the collapse (PPO)", fig8_runs, ("clip_high", "kl_reward_coef"),
+               TRAINING_CURVES, "curves only (Sokoban peak about 0.12, FrozenLake about 0.25)"),
+    Experiment("fig9-starpo-s", "Figure 9 (Section 4.2)", "StarPO-S delays the collapse and ends higher than vanilla "
+               "StarPO (PPO) on all three envs", fig9_runs, ("preset",), TRAINING_CURVES,
+               "curves only (final success: Bandit about 1.0, Sokoban about 0.25, FrozenLake about 0.2)"),
+    Experiment("table2-diversity", "Table 2 (Section 4.3)", "at a fixed 128 rollouts a step, more initial states "
+               "with fewer rollouts each generalise better, as long as each state has several rollouts",
+               table2_runs, ("env_groups", "group_size"), TRAINING_CURVES,
+               "SingleSokoban / SokobanNewVocab / FrozenLake %, N=32: 21.09 / 20.22 / 17.97; 16: 20.31 / 21.48 / "
+               "19.53; 8: 20.31 / 19.53 / 17.19; 4: 20.70 / 25.39 / 21.48; 2: 19.92 / 25.00 / 12.50; 1: 19.53 / "
+               "22.27 / 12.50"),
+    Experiment("table3-actions", "Table 3 (Section 4.3)", "5-6 actions per turn (with the episode budget scaled "
+               "alongside) do best; 7 is worse", table3_runs,
+               ("protocol.actions_per_turn", "protocol.max_actions_per_episode"), TRAINING_CURVES,
+               "Sokoban / NewVocab / LargeSokoban / FrozenLake %, 1: 12.11 / 13.67 / 1.17 / 11.72; 2: 16.41 / 21.09 / "
+               "3.52 / 18.36; 3: 19.53 / 19.53 / 1.95 / 20.88; 4: 26.95 / 26.95 / 5.08 / 20.70; 5: 28.13 / 25.78 / "
+               "6.25 / 21.09; 6: 33.59 / 31.64 / 6.64 / 18.36; 7: 22.27 / 28.52 / 3.91 / 19.53"),
+    Experiment("fig10-online", "Figure 10 (Section 4.3)", "fresher rollouts (Online-1) converge faster and "
+               "generalise better than rollouts reused for k updates", fig10_runs,
+               ("env_groups", "total_steps", "val_every"), TRAINING_CURVES,
+               "curves only (Sokoban eval success about 0.25-0.3 for Online-1, lower for 5 and 10)", x="updates"),
+    Experiment("table4-generalization", "Table 4 (Section 4.4)", "thinking helps Bandit generalise to unseen arm "
+               "names; on Sokoban it has mixed or marginal effects", table4_runs,
+               ("preset", "protocol.enable_think", "env_kwargs"), LENGTH_CURVES,
+               "StarPO-S / no-think %: Bandit 100 / 81.25, BanditRev 67.58 / 56.25, FrozenLake 19.92 / 19.53, "
+               "LargeSokoban 2.34 / 2.73, Sokoban 21.48 / 20.73, SokobanNewVocab 18.75 / 26.17"),
+    Experiment("fig11-reasoning-length", "Figure 11 (Section 4.4)", "thinking length declines over training (longer "
+               "on BanditRev)", table4_runs, ("preset", "protocol.enable_think", "env_kwargs"), LENGTH_CURVES,
+               "curves only (Bandit: about 60 -> 20 tokens; Sokoban: about 250 -> 50)"),
+    Experiment("grounding", "(not in the paper: Section 4.4 proposes reasoning-aware rewards as future work)",
+               "ragen's extension: a reward for claims in <think> that the state supports keeps the thinking "
+               "grounded where the outcome reward alone lets it drift", grounding_runs, ("env_kwargs",),
+               GROUNDING_CURVES, credit="ragen"),
+)}
+
+#: What the paper reports that no command here reproduces, and why (docs/reproduction.md lists them too).
+NOT_REPRODUCED: dict[str, str] = {
+    "Table 1": "qualitative: example replies at steps 0 and 150 (read them from a run's rollouts)",
+    "Appendix C (SFT vs RL)": "needs supervised fine-tuning on BFS trajectories, which ragen does not have",
+    "Appendix D (LoRA)": "a hardware-footprint comparison (GPU memory, utilisation, power), not a training result; "
+                         "`--set lora_rank=64 actor_lr=1e-5 critic_lr=1e-4` trains the LoRA variant",
+    "Section 5.2 runs of train_all.sh (model sizes, base vs instruct, R1 distills)": "not in the paper's PDF",
+}
 
 
-def merged_changes(scale: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
-    """The experiment's scale with a run's changes on top: the run wins field by field, and inside ``protocol`` and
-    ``env_kwargs`` setting by setting (a run's ``enable_think`` replaces ``--enable-think``, the rest stays)."""
-    out = {**scale, **changes}
-    for key in _MERGED_FIELDS:
-        if isinstance(scale.get(key), dict) and isinstance(changes.get(key), dict):
-            out[key] = {**scale[key], **changes[key]}
+# ------------------------------------------------------------------------------------------------------- scales
+#: The CPU scale, fixed before any CPU run (docs/reproduction.md, "CPU scale"): per env, the fields over the preset
+#: and the run's own changes. Runs that change the batch shape (Table 2, Figure 10) keep their ratios (see
+#: :func:`cpu_changes`).
+CPU_SCALE: dict[str, dict[str, Any]] = {
+    "common": {"model": "smollm2", "total_steps": 6, "env_groups": 4, "group_size": 4, "actor_lr": 5e-5,
+               "critic_lr": 5e-4, "ppo_mini_batch_size": 4, "micro_batch_size": 4, "val_every": 3, "val_groups": 16,
+               "save_steps": 0, "max_new_tokens": 48},  # fmt: skip
+    "bandit": {},
+    "sokoban": {},
+    "frozenlake": {},
+}
+#: The CPU scale's warm-up (:mod:`ragen_trainer.warmup`): the reference agent and its episodes, epochs, rate.
+CPU_WARMUP: dict[str, Any] = {"agent": "random", "episodes": 16, "epochs": 3, "lr": 1e-4}
+#: Runs the CPU set trains, in this order (one experiment per finding the machine's time allows; docs/reproduction.md
+#: says which are not run and why).
+CPU_SET: dict[str, tuple[str, ...]] = {
+    "fig9-starpo-s": ("bandit/ppo", "bandit/starpo-s"),
+    "table4-generalization": ("bandit/generalization", "bandit/generalization-nothink"),
+    "table3-actions": ("sokoban/actions-1", "sokoban/actions-5"),
+}
+
+
+def cpu_changes(run: Run) -> dict[str, Any]:
+    """The CPU scale's fields for ``run`` (before the run's own changes): runs that scale the batch (more groups,
+    other group sizes) keep their shape relative to the paper's 8 x 16, in the CPU batch of 8 x 4."""
+    out = {**CPU_SCALE["common"], **CPU_SCALE[run.env]}
+    paper_groups, paper_size = 8, 16
+    groups = run.changes.get("env_groups", paper_groups)
+    size = run.changes.get("group_size", paper_size)
+    if "env_groups" in run.changes or "group_size" in run.changes:
+        # the paper's groups and group size scaled by the CPU base's (4 / 8 and 4 / 16); at least one each
+        total = out["env_groups"] * out["group_size"] * (groups * size) // (paper_groups * paper_size)
+        out["env_groups"] = max(1, out["env_groups"] * groups // paper_groups)
+        out["group_size"] = max(1, total // out["env_groups"])
+    if "total_steps" in run.changes:  # Online-k: the same number of updates as the base run
+        out["total_steps"] = max(1, out["total_steps"] * run.changes["total_steps"] // 200)
     return out
 
 
-def run_config(run: Run, args: argparse.Namespace, output_dir: Path) -> Any:
-    """The run's :class:`~ragen_trainer.config.StarPOConfig`: its preset, the experiment's scale, its changes."""
+def run_config(run: Run, scale: str, runs_dir: Path, *, model: str | None = None, seed: int = 0,
+               engine: str = "hf", engine_url: str = "") -> Any:
+    """The run's validated :class:`~ragen_trainer.config.StarPOConfig` at ``scale``: its preset, the env's paper
+    settings, the scale's, then the run's own changes."""
     from ragen_trainer.config import load_config
 
-    batch = args.groups * args.group_size
-    scale: dict[str, Any] = {
-        "env_id": args.env,
-        "model": args.model,
-        "engine": args.engine,
-        "engine_url": args.engine_url,
-        "seed": args.seed,
-        "total_steps": args.steps,
-        "env_groups": args.groups,
-        "group_size": args.group_size,
-        "max_new_tokens": args.max_new_tokens,
-        "protocol": {"enable_think": args.enable_think},
-        "actor_lr": args.lr,
-        "critic_lr": args.lr * 10,
-        "ppo_mini_batch_size": max(1, batch // 4),
-        "micro_batch_size": args.micro_batch_size,
-        "val_every": args.val_every,
-        "val_groups": args.val_groups,
-        "save_steps": 0,
-        "report_to": ["jsonl"],
-        "output_dir": str(output_dir),
-        "resume": False,
-    }
-    if args.lora_rank:
-        scale["lora_rank"] = args.lora_rank
-    return load_config(run.preset).replace(**merged_changes(scale, run.changes)).validate()
+    env_id, env_fields = ENVS[run.env]
+    fields: dict[str, Any] = {"env_id": env_id, **env_fields, "seed": seed, "engine": engine, "engine_url": engine_url,
+                              "report_to": ["jsonl"], "output_dir": str(runs_dir / scale / run.key)}  # fmt: skip
+    if scale == "paper":
+        fields.update({"model": model or PAPER_MODEL, "save_steps": 10, "save_total_limit": 1})
+        changes = dict(run.changes)
+    else:
+        fields.update(cpu_changes(run))
+        if model:
+            fields["model"] = model
+        changes = {k: v for k, v in run.changes.items() if k not in ("env_groups", "group_size", "total_steps")}
+        if "val_every" in changes:  # Online-k validates every 10 updates: every 10/k steps, in CPU steps
+            changes["val_every"] = max(1, fields["val_every"] // max(1, fields["env_groups"] // 4))
+    cfg = load_config(run.preset).replace(**{**fields, **changes})
+    return cfg.validate()
 
 
+# ------------------------------------------------------------------------------------------------------ training
 def finished(folder: Path) -> bool:
     """Whether the run in ``folder`` ended by itself (an interrupted run also writes a summary: it is trained again)."""
     summary = folder / "summary.json"
@@ -250,34 +369,122 @@ def finished(folder: Path) -> bool:
         return False
 
 
-def train(run: Run, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
-    """Train ``run`` into ``folder`` (or read it back if it finished before); its metric rows."""
-    from ragen_trainer.cli import train_from_config
+def warm_model(cfg: Any, runs_dir: Path) -> str:
+    """The CPU scale's warm-up of ``cfg.model`` on ``cfg``'s env and protocol (cached per env and protocol)."""
+    from ragen_trainer.warmup import warmup_model
+
+    protocol = cfg.protocol_settings()
+    tag = (f"{cfg.env_id.removeprefix('ragen/').removesuffix('-v0').lower()}-think{int(protocol.enable_think)}-"
+           f"apt{protocol.actions_per_turn}-{zlib.crc32(json.dumps(cfg.env_kwargs, sort_keys=True).encode()):08x}")
+    kwargs = {k: v for k, v in cfg.env_make_kwargs().items() if k != "reward_wrappers"}
+    return str(warmup_model(cfg.model, cfg.env_id, kwargs, runs_dir / "warmup" / tag, seed=cfg.seed, **CPU_WARMUP))
+
+
+def train(run: Run, cfg: Any, *, scale: str, gpus: int, runs_dir: Path) -> list[dict[str, Any]]:
+    """Train ``run`` (or read it back if it finished); its metric rows."""
     from ragen_trainer.monitor import read_metrics
 
+    folder = Path(cfg.output_dir)
     if not finished(folder):
-        cfg = run_config(run, args, folder)
-        status = train_from_config(cfg, overwrite=True)
+        if scale == "cpu":
+            from ragen_trainer.cli import train_from_config
+
+            cfg = cfg.replace(model=warm_model(cfg, runs_dir), resume=False).validate()
+            status = train_from_config(cfg, overwrite=True)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            config_path = folder.parent / f"{folder.name}.config.yaml"
+            cfg.save(config_path)
+            launch = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus)]
+                      if gpus > 1 else [sys.executable])  # fmt: skip
+            status = subprocess.call([*launch, "-m", "ragen_trainer.cli", "train", "--config", str(config_path)])
         if status != 0:
-            raise SystemExit(f"run {run.name} failed with status {status}")
+            raise SystemExit(f"run {run.key} failed with status {status}")
     return read_metrics(folder / "metrics.jsonl")
 
 
-def curves(
-    rows: list[dict[str, Any]], keys: dict[str, str] | tuple[str, ...], passes_per_step: int = 1
-) -> dict[str, Any]:
-    """Per-step values of ``keys`` and of :data:`ALWAYS_KEPT`, the update passes done by each step's end (steps x
-    ``passes_per_step``, the run's ``ppo_epochs``), and the steps where the monitor warned."""
+def final_validation(folder: Path) -> dict[str, float]:
+    """The validation after the last step (``summary.json``'s ``final_validation``), ``{}`` when there is none."""
+    try:
+        return dict(json.loads((folder / "summary.json").read_text()).get("final_validation") or {})
+    except (OSError, ValueError):
+        return {}
+
+
+def evaluate_splits(run: Run, cfg: Any, states: int) -> dict[str, float]:
+    """Success of the run's final model on each of its splits: ``states`` initial states (the validation seeds), one
+    rollout each at the validation temperature, the run's protocol (thinking, actions) on the split's env."""
+    from ragen_trainer.engines import SamplingParams
+    from ragen_trainer.engines.hf import HFEngine
+    from ragen_trainer.models import load_model_and_tokenizer
+    from ragen_trainer.rollout import collect_rollouts
+    from ragen_trainer.trainer import VAL_SEED_BASE
+
+    folder = Path(cfg.output_dir)
+    cache = folder / "splits.json"
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    model, tokenizer = load_model_and_tokenizer(str(folder / "final"))
+    engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size)
+    protocol = {k: v for k, v in cfg.protocol.items() if k in ("enable_think", "actions_per_turn",
+                                                               "max_actions_per_episode")}  # fmt: skip
+    out = {}
+    for split in run.splits:
+        env_id, kwargs = SPLITS[split]
+        split_cfg = cfg.replace(env_id=env_id, env_kwargs=kwargs, protocol=protocol)
+        batch = collect_rollouts(engine, tokenizer, env_id, [VAL_SEED_BASE + i for i in range(states)], 1,
+                                 env_kwargs=split_cfg.env_make_kwargs(),
+                                 sampling=SamplingParams(temperature=cfg.val_temperature, top_p=cfg.top_p,
+                                                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed),
+                                 max_context_tokens=cfg.max_context_tokens)  # fmt: skip
+        out[split] = sum(t.success for t in batch.trajectories) / max(len(batch.trajectories), 1)
+    cache.write_text(json.dumps(out, indent=1))
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- curves, tables
+def ema(values: list[Any], weight: float = EMA) -> list[float | None]:
+    """The paper's EMA smoothing over the non-missing values (missing ones stay missing)."""
+    out: list[float | None] = []
+    last: float | None = None
+    for v in values:
+        if v is None or not math.isfinite(v):
+            out.append(None)
+            continue
+        last = float(v) if last is None else weight * last + (1 - weight) * float(v)
+        out.append(last)
+    return out
+
+
+def curves(rows: list[dict[str, Any]], keys: dict[str, str], final: dict[str, float] | None = None) -> dict[str, Any]:
+    """Per-step values of ``keys`` (raw and EMA-smoothed; validation metrics are not smoothed, as the paper's, and sit
+    at the step they were measured at: the trainer validates before step ``s + 1`` and logs it in that row, and once
+    more after the last step, ``final``), seconds per step, and the monitor's warnings."""
     steps = [int(r["step"]) for r in rows]
-    out: dict[str, Any] = {"step": steps, "update_passes": [s * passes_per_step for s in steps]}
-    for key in dict.fromkeys((*keys, *ALWAYS_KEPT)):  # ordered, without repeats
-        out[key] = [r.get(key) for r in rows]
+    out: dict[str, Any] = {"step": steps}
+    for key in dict.fromkeys((*keys, "val/success", "reward/mean", "reward/in_group_std", "success_rate")):
+        raw = [r.get(key) for r in rows]
+        out[key] = raw
+        out[key + ":ema"] = raw if key.startswith("val/") else ema(raw)
+    points = [[s - 1, r["val/success"]] for s, r in zip(steps, rows) if r.get("val/success") is not None]
+    if final and final.get("val/success") is not None:
+        points.append([max(steps, default=0), final["val/success"]])
+    out["val_points"] = points
+    cumulative, total = {0: 0.0}, 0.0
+    for step, row in zip(steps, rows):
+        total += float(row.get("optim/updates") or 1.0)
+        cumulative[step] = total
+    out["updates"] = [cumulative[s] for s in steps]
+    out["val_points_updates"] = [[cumulative.get(x, x), v] for x, v in points]
+    times = [r.get("time") for r in rows]
+    out["seconds_per_step"] = [b - a for a, b in zip(times, times[1:]) if a is not None and b is not None]
     out["warnings"] = [{"step": int(r["step"]), "messages": r["warnings"]} for r in rows if r.get("warnings")]
     return out
 
 
 def plot(experiment: Experiment, results: dict[str, Any], path: Path, title: str) -> None:
-    """One panel per curve of ``experiment``, one line per run, open triangles where the monitor warned."""
+    """One panel per curve, one line per run (EMA-smoothed, raw points faint), open triangles where the Echo Trap
+    monitor warned."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -285,25 +492,27 @@ def plot(experiment: Experiment, results: dict[str, Any], path: Path, title: str
 
     panels = experiment.curves
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
-    axes = axes[0]
-    x_label = "update passes (steps x ppo_epochs)" if experiment.x_key == "update_passes" else "step"
-    for name, data in results["runs"].items():
+    for key_run, data in results["runs"].items():
         warned = {w["step"] for w in data["warnings"]}
-        for ax, (key, label) in zip(axes, panels.items()):
-            points = [(x, v, s) for x, v, s in zip(data[experiment.x_key], data[key], data["step"])
-                      if v is not None and math.isfinite(v)]  # fmt: skip
-            if not points:
+        for ax, (key, label) in zip(axes[0], panels.items()):
+            xs = data[experiment.x]
+            raw = [(s, v) for s, v in zip(xs, data[key]) if v is not None and math.isfinite(v)]
+            smooth = [(s, v) for s, v in zip(xs, data[key + ":ema"]) if v is not None]
+            if key == "val/success":  # measured before each step's update, and after the last: not smoothed
+                points = data.get("val_points_updates" if experiment.x == "updates" else "val_points", [])
+                raw = smooth = [tuple(p) for p in points] or raw
+            if not raw:
                 continue
-            (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=2,
-                              linewidth=1.2, label=name)  # fmt: skip
-            marks = [(x, v) for x, v, s in points if s in warned]
-            if marks:  # the Echo Trap monitor's warnings: open triangles on every panel
+            (line,) = ax.plot(*zip(*smooth), linewidth=1.4, label=key_run)
+            ax.plot(*zip(*raw), linestyle="none", marker="o", markersize=2, alpha=0.35, color=line.get_color())
+            marks = [(x, v) for (x, v), s in zip(smooth, data["step"]) if s in warned]
+            if marks:
                 ax.plot(*zip(*marks), linestyle="none", marker="^", markersize=7, markerfacecolor="none",
                         color=line.get_color())  # fmt: skip
             ax.set_title(label, fontsize=10)
-            ax.set_xlabel(x_label)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(title + "  (^ = Echo Trap monitor warning)", fontsize=10)
+            ax.set_xlabel("update (optimizer step)" if experiment.x == "updates" else "step")
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(f"{title}  (lines: EMA {EMA}; dots: raw; ^ = Echo Trap monitor warning)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -311,127 +520,232 @@ def plot(experiment: Experiment, results: dict[str, Any], path: Path, title: str
 
 
 def _mean(values: list[Any], part: slice) -> str:
-    """The mean of the non-missing ``values[part]`` to 3 decimals, ``-`` when there are none."""
     kept = [v for v in values[part] if v is not None]
     return f"{sum(kept) / len(kept):.3f}" if kept else "-"
 
 
 def summary_table(results: dict[str, Any]) -> str:
-    """Markdown: per run, success at the start / best / end, in-group std start / end, first warning step."""
-    header = ("| run | success first 3 steps | best | last 3 steps | in-group std first 3 | last 3 "
-              "| val success (first, last) | first warning |")  # fmt: skip
-    lines = [header, "|---|---|---|---|---|---|---|---|"]
+    """Markdown: per run, validation success (first, best, last), training reward and in-group std (first 3 and
+    last 3 steps), split successes, first monitor warning."""
+    splits = sorted({s for data in results["runs"].values() for s in data.get("splits", {})})
+    header = ("| run | val success (first, best, last) | reward first 3 -> last 3 | in-group std first 3 -> last 3 | "
+              + "".join(f"{s} | " for s in splits) + "first warning |")
+    lines = [header, "|---" * (5 + len(splits)) + "|"]
     for name, data in results["runs"].items():
-        succ = [v for v in data["success_rate"] if v is not None]
-        val = [v for v in data["val/success"] if v is not None]
-        first_warning = data["warnings"][0]["step"] if data["warnings"] else "-"
-        lines.append(
-            f"| {name} | {_mean(data['success_rate'], slice(0, 3))} | {f'{max(succ):.3f}' if succ else '-'} | "
-            f"{_mean(data['success_rate'], slice(-3, None))} | {_mean(data['reward/in_group_std'], slice(0, 3))} | "
-            f"{_mean(data['reward/in_group_std'], slice(-3, None))} | "
-            f"{(f'{val[0]:.3f}, {val[-1]:.3f}') if val else '-'} | {first_warning} |"
-        )
-    return "\n".join(lines)
-
-
-def curve_table(results: dict[str, Any], keys: dict[str, str]) -> str:
-    """Markdown: per run, each of the experiment's curves averaged over its first 3 and last 3 steps."""
-    header = "| run | " + " | ".join(f"{label} (first 3 -> last 3)" for label in keys.values()) + " |"
-    lines = [header, "|---|" + "---|" * len(keys)]
-    for name, data in results["runs"].items():
-        cells = [f"{_mean(data[k], slice(0, 3))} -> {_mean(data[k], slice(-3, None))}" for k in keys]
+        val = [v for _, v in data.get("val_points", [])] or [v for v in data["val/success"] if v is not None]
+        reward = data.get("reward/mean", [])
+        std = data["reward/in_group_std"]
+        cells = [f"{val[0]:.3f}, {max(val):.3f}, {val[-1]:.3f}" if val else "-",
+                 f"{_mean(reward, slice(0, 3))} -> {_mean(reward, slice(-3, None))}",
+                 f"{_mean(std, slice(0, 3))} -> {_mean(std, slice(-3, None))}"]  # fmt: skip
+        cells += [f"{data['splits'][s]:.3f}" if s in data.get("splits", {}) else "-" for s in splits]
+        cells.append(str(data["warnings"][0]["step"]) if data["warnings"] else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------------------------------------- estimates, the set
+#: Costs on one GPU at the paper's scale before any run of the set has measured its own: env -> (seconds of rollout
+#: per trajectory, seconds of scoring and update per kept trajectory). From the paper's Figure 7 (right panel: total
+#: time on Sokoban with PPO, about 15,000 s for 200 steps with all 128 rollouts kept, on H100s: 75 s a step), split
+#: half rollout, half update (an assumption: the figure shows keeping 25% saves about half the time); FrozenLake as
+#: Sokoban (five turns), Bandit a fifth (one turn). Replaced, per env, by the set's own measurements as soon as one
+#: of its runs has logged steps (:func:`measured_costs`).
+PRIOR_COSTS: dict[str, tuple[float, float]] = {"sokoban": (37.5 / 128, 37.5 / 128),
+                                               "frozenlake": (37.5 / 128, 37.5 / 128),
+                                               "bandit": (7.5 / 128, 7.5 / 128)}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def measured_costs(runs_dir: Path) -> dict[str, tuple[float, float, str]]:
+    """Per env, (rollout seconds per trajectory, scoring and update seconds per kept trajectory, source): medians over
+    the logged steps (``time/rollout``, ``time/scoring``, ``time/update``) of the paper-scale runs in ``runs_dir``."""
+    import yaml
+
+    from ragen_trainer.monitor import read_metrics
+
+    out: dict[str, tuple[float, float, str]] = {}
+    for env in ENVS:
+        rollout, update, steps = [], [], 0
+        for metrics in sorted((runs_dir / "paper" / env).glob("*/metrics.jsonl")):
+            config = metrics.parent / "config.yaml"
+            data = yaml.safe_load(config.read_text()) if config.is_file() else {}
+            batch = int(data.get("env_groups", 8)) * int(data.get("group_size", 16))
+            for row in read_metrics(metrics):
+                kept = float(row.get("filter/kept_trajectories") or 0)
+                if "time/rollout" in row and kept > 0:
+                    rollout.append(row["time/rollout"] / batch)
+                    update.append((row.get("time/scoring", 0.0) + row.get("time/update", 0.0)) / kept)
+                    steps += 1
+        if steps:
+            out[env] = (_median(rollout), _median(update), f"measured: {steps} steps in {runs_dir / 'paper' / env}")
+    return out
+
+
+def estimate_hours(cfg: Any, env: str, costs: dict[str, tuple[float, float, str]]) -> tuple[float, str]:
+    """GPU-hours of a run: its steps' rollouts and kept trajectories, and its validations' rollouts, at the env's
+    per-trajectory costs (measured, else :data:`PRIOR_COSTS`). Returns (GPU-hours, where the costs come from)."""
+    if env in costs:
+        per_rollout, per_kept, source = costs[env]
+    else:
+        (per_rollout, per_kept), source = PRIOR_COSTS[env], "prior: the paper's Figure 7 total time (PRIOR_COSTS)"
+    rollouts = cfg.env_groups * cfg.group_size
+    kept = cfg.kept_groups * cfg.group_size if cfg.filter_ratio < 1 else rollouts
+    validations = cfg.total_steps // cfg.val_every + 1 if cfg.val_every else 0
+    seconds = cfg.total_steps * (rollouts * per_rollout + kept * per_kept * cfg.ppo_epochs)
+    seconds += validations * cfg.val_groups * per_rollout
+    return seconds / 3600.0, source
+
+
+def paper_runs() -> list[tuple[Experiment, Run]]:
+    """Every run of every experiment, each once, in the order of the paper."""
+    seen: set[str] = set()
+    out = []
+    for experiment in EXPERIMENTS.values():
+        for run in experiment.runs():
+            if run.key not in seen:
+                seen.add(run.key)
+                out.append((experiment, run))
+    return out
+
+
+def print_plan(items: list[tuple[Experiment, Run]], args: argparse.Namespace) -> float:
+    """Print each run's configuration and estimated GPU-hours; the total."""
+    costs = measured_costs(Path(args.runs))
+    total = 0.0
+    for experiment, run in items:
+        cfg = run_config(run, "paper", Path(args.runs), model=args.model, seed=args.seed, engine=args.engine,
+                         engine_url=args.engine_url)  # fmt: skip
+        hours, source = estimate_hours(cfg, run.env, costs)
+        total += hours
+        state = "done" if finished(Path(cfg.output_dir)) else "to run"
+        changed = {k: v for k, v in run.changes.items()}
+        print(f"- {run.key} [{experiment.name}; {run.source}] preset {run.preset} (reference {cfg.reference}) "
+              f"{changed or ''}: {cfg.env_groups}x{cfg.group_size}, {cfg.total_steps} steps, val {cfg.val_groups} "
+              f"every {cfg.val_every}, {cfg.max_new_tokens} tokens; {hours:.1f} GPU-h [{source}]; {state}",
+              flush=True)  # fmt: skip
+    print(f"total: {total:.0f} GPU-hours; in sequence on {args.gpus} GPU(s) per run, about {total / args.gpus:.0f} "
+          "hours if the runs scale perfectly over them", flush=True)
+    return total
+
+
+# -------------------------------------------------------------------------------------------------------- commands
+def experiment_runs(experiment: Experiment, env: str | None = None) -> list[Run]:
+    """The experiment's runs, all moved to ``env`` when given (its design on another env; the generalisation splits
+    belong to the original env's design and are dropped)."""
+    runs = experiment.runs()
+    if env is None:
+        return runs
+    moved = {f"{env}/{r.name}": dataclasses.replace(r, env=env, splits=()) for r in runs}
+    return list(moved.values())
+
+
+def run_experiment(experiment: Experiment, args: argparse.Namespace, only: tuple[str, ...] | None = None) -> dict:
+    """Train (or read back) the experiment's runs at ``args.scale``, evaluate their splits, write JSON and PNG."""
+    runs = [r for r in experiment_runs(experiment, getattr(args, "env", None)) if only is None or r.key in only
+            or r.name in only]  # fmt: skip
+    results: dict[str, Any] = {"experiment": experiment.name, "paper": experiment.paper, "claim": experiment.claim,
+                               "credit": experiment.credit, "paper_numbers": experiment.paper_numbers,
+                               "scale": args.scale, "curves": experiment.curves, "ema": EMA, "runs": {},
+                               "sources": {}, "seconds": {}}  # fmt: skip
+    for i, run in enumerate(runs, 1):
+        cfg = run_config(run, args.scale, Path(args.runs), model=args.model, seed=args.seed, engine=args.engine,
+                         engine_url=args.engine_url)  # fmt: skip
+        print(f"== [{i}/{len(runs)}] {experiment.name}: {run.key} ({run.preset} {run.changes or ''}; {run.source})",
+              flush=True)  # fmt: skip
+        started = time.perf_counter()
+        rows = train(run, cfg, scale=args.scale, gpus=args.gpus, runs_dir=Path(args.runs))
+        data = curves(rows, experiment.curves, final_validation(Path(cfg.output_dir)))
+        if run.splits:
+            data["splits"] = evaluate_splits(run, cfg, SPLIT_STATES[args.scale])
+        results["runs"][run.key] = data
+        results["sources"][run.key] = run.source
+        results["seconds"][run.key] = round(time.perf_counter() - started, 1)
+    out = Path(args.out)
+    tag = f"{experiment.name}-{args.scale}" + (f"-{args.env}" if getattr(args, "env", None) else "")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{tag}.json").write_text(json.dumps(results, indent=1))
+    plot(experiment, results, out / f"{tag}.png", f"{experiment.paper}, {args.scale} scale")
+    print()
+    print(summary_table(results))
+    print(f"\nwrote {out / (tag + '.json')} and {out / (tag + '.png')}", flush=True)
+    return results
+
+
+def list_experiments() -> None:
+    for experiment in EXPERIMENTS.values():
+        credit = " [ragen's extension]" if experiment.credit == "ragen" else ""
+        print(f"{experiment.name}: {experiment.paper}{credit}\n  {experiment.claim}")
+        for run in experiment.runs():
+            print(f"    {run.key:<36} {run.preset:<18} {run.changes or ''}  <- {run.source}")
+    print("not reproduced: " + "; ".join(f"{k}: {v}" for k, v in NOT_REPRODUCED.items()))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    parser.add_argument("--env", default=None,
-                        help="env id (default: the experiment's: echo-trap ragen/Bandit-v0, reasoning and "
-                             "rollout-shape ragen/FrozenLake-v0)")  # fmt: skip
-    parser.add_argument("--model", default="smollm2", help="model (default: the bundled SmolLM2-135M-Instruct)")
+    parser.add_argument("target", choices=["list", "paper", "cpu", *EXPERIMENTS],
+                        help="an experiment, 'paper' (every experiment at the paper's scale), 'cpu' (the CPU set, "
+                             "docs/reproduction.md) or 'list'")  # fmt: skip
+    parser.add_argument("--scale", choices=["paper", "cpu"], default="paper")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs per run at the paper's scale (accelerate launch)")
+    parser.add_argument("--dry-run", action="store_true", help="print the runs, configs and GPU-hours; train nothing")
+    parser.add_argument("--model", default=None, help="model (default: the scale's: Qwen2.5-0.5B-Instruct / smollm2)")
     parser.add_argument("--engine", default="hf", choices=["hf", "hf-generate", "vllm"])
     parser.add_argument("--engine-url", default="", help="vLLM server URL for --engine vllm")
-    parser.add_argument("--steps", type=int, default=None,
-                        help="training steps per run (default: the experiment's: echo-trap 15, the others 6)")
-    parser.add_argument("--groups", type=int, default=None,
-                        help="initial states per step P (default: the experiment's: echo-trap 8, the others 4)")
-    parser.add_argument("--group-size", type=int, default=4, help="rollouts per state N (default %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="tokens per reply (default: the experiment's: echo-trap 8, reasoning 64, "
-                             "rollout-shape 32)")  # fmt: skip
-    parser.add_argument("--enable-think", type=lambda t: t.lower() in ("1", "true", "yes"), default=False,
-                        help="thinking on (true) or off (default false; the paper: true); the reasoning "
-                             "experiment's runs set it themselves")  # fmt: skip
-    parser.add_argument("--lr", type=float, default=5e-5, help="actor learning rate; critic 10x (default %(default)s)")
-    parser.add_argument("--lora-rank", type=int, default=0, help="> 0: train a LoRA adapter of this rank")
-    parser.add_argument("--micro-batch-size", type=int, default=8)
-    parser.add_argument("--val-every", type=int, default=None,
-                        help="validate every this many steps (default: the experiment's: echo-trap 5, the others 3)")
-    parser.add_argument("--val-groups", type=int, default=None,
-                        help="initial states of each validation (default: the experiment's: echo-trap 32, the "
-                             "others 8)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="runs/reproduce", help="folder of the training runs (default %(default)s)")
     parser.add_argument("--out", default="docs/reproduction", help="folder for the JSON and PNG (default %(default)s)")
-    parser.add_argument("--only", nargs="*", default=None, help="run only these runs of the experiment (by name)")
+    parser.add_argument("--only", nargs="*", default=None, help="only these runs (name or env/name)")
+    parser.add_argument("--env", choices=sorted(ENVS), default=None,
+                        help="run the experiment's design on this env instead (every run moves there)")
     return parser
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line, with the experiment's own defaults filled in where ``--env`` / ``--max-new-tokens`` were
-    not given."""
-    args = build_parser().parse_args(argv)
-    experiment = EXPERIMENTS[args.experiment]
-    if args.env is None:
-        args.env = experiment.env
-    if args.max_new_tokens is None:
-        args.max_new_tokens = experiment.max_new_tokens
-    for name, default in {**DEFAULT_SCALE, **experiment.scale}.items():
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    experiment = EXPERIMENTS[args.experiment]
-    runs = experiment.runs(args)
+    args = build_parser().parse_args(argv)
+    if args.gpus < 1:
+        build_parser().error(f"invalid --gpus {args.gpus}: expected an int >= 1")
+    if args.target == "list":
+        list_experiments()
+        return 0
+    if args.target == "paper":
+        args.scale = "paper"
+        items = paper_runs()
+        print(f"the paper's experiments at its scale: {len(items)} runs, {len(EXPERIMENTS)} experiments; runs in "
+              f"{args.runs}/paper (resumable: finished runs are read back, others resume from their checkpoint)")
+        print_plan(items, args)
+        if args.dry_run:
+            return 0
+        for experiment in EXPERIMENTS.values():
+            run_experiment(experiment, args)
+        return 0
+    if args.target == "cpu":
+        args.scale = "cpu"
+        for name, keys in CPU_SET.items():
+            run_experiment(EXPERIMENTS[name], args, keys)
+        return 0
+    experiment = EXPERIMENTS[args.target]
     if args.only:
-        unknown = sorted(set(args.only) - {r.name for r in runs})
+        known = {r.key for r in experiment_runs(experiment, args.env)} | {r.name for r in experiment.runs()}
+        unknown = sorted(set(args.only) - known)
         if unknown:
-            build_parser().error(f"unknown run(s) {unknown}; this experiment has {[r.name for r in runs]}")
-        runs = [r for r in runs if r.name in args.only]
-    env_name = args.env.removeprefix("ragen/").removesuffix("-v0")
-    tag = f"{args.experiment}-{env_name.lower()}"
-    results: dict[str, Any] = {
-        "experiment": args.experiment,
-        "command": " ".join(["python", "benchmarks/reproduce.py", *(argv if argv is not None else sys.argv[1:])]),
-        "settings": {k: v for k, v in vars(args).items() if k not in ("only",)},
-        "curves": experiment.curves,
-        "x": experiment.x_key,
-        "runs": {},
-        "seconds": {},
-    }
-    for i, run in enumerate(runs, 1):
-        print(f"== [{i}/{len(runs)}] {args.experiment} on {args.env}: {run.name} ({run.preset} {run.changes or ''})",
-              flush=True)  # fmt: skip
-        started = time.perf_counter()
-        folder = Path(args.runs) / tag / run.name
-        rows = train(run, args, folder)
-        passes = run_config(run, args, folder).ppo_epochs
-        results["runs"][run.name] = curves(rows, experiment.curves, passes)
-        results["seconds"][run.name] = round(time.perf_counter() - started, 1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{tag}.json").write_text(json.dumps(results, indent=1))
-    plot(experiment, results, out / f"{tag}.png", f"{args.experiment}, {args.env}, {args.model}")
-    print()
-    print(summary_table(results))
-    print()
-    print(curve_table(results, experiment.curves))
-    print(f"\nwrote {out / (tag + '.json')} and {out / (tag + '.png')}")
+            build_parser().error(f"unknown run(s) {unknown}; this experiment has {sorted(known)}")
+    if args.dry_run:
+        if args.scale == "paper":
+            print_plan([(experiment, r) for r in experiment_runs(experiment, args.env) if not args.only
+                        or r.key in args.only or r.name in args.only], args)  # fmt: skip
+        else:
+            for run in experiment_runs(experiment, args.env):
+                cfg = run_config(run, "cpu", Path(args.runs), model=args.model, seed=args.seed)
+                print(f"- {run.key}: {cfg.env_groups}x{cfg.group_size}, {cfg.total_steps} steps, {cfg.max_new_tokens} "
+                      f"tokens, {cfg.kept_groups * cfg.group_size // cfg.ppo_mini_batch_size} update(s) a step, "
+                      f"validation every {cfg.val_every}")  # fmt: skip
+        return 0
+    run_experiment(experiment, args, tuple(args.only) if args.only else None)
     return 0
 
 

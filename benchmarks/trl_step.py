@@ -101,6 +101,7 @@ def ragen_config(
     from ragen_trainer.config import load_config
 
     changes: dict[str, Any] = {
+        "reference": "latest",  # TRL trains the replies only (env_mask): compare with ragen's replies-only loss mask
         "env_id": ENV_ID,
         "output_dir": output_dir,
         "total_steps": steps,
@@ -396,11 +397,11 @@ def run_trl(cfg: Any, model: Any, tokenizer: Any, warmup: int, output_dir: str) 
         _log(f"note: {mismatched}/{len(rows)} TRL prompts tokenise differently from ragen's (prefix boundary merge)")
     dataset = Dataset.from_list([{"prompt": r["prompt"], "seed": r["seed"], "step": r["step"]} for r in rows])
 
+    from ragen_trainer.trl_integration import bind_tokenizer_for_stop_strings, checkpointing_arg
+
     stops = stop_strings(cfg)
     generation_kwargs: dict[str, Any] = {"stop_strings": list(stops)} if stops else {}
     if stops:
-        from ragen_trainer.trl_integration import bind_tokenizer_for_stop_strings
-
         bind_tokenizer_for_stop_strings(model, tokenizer)
     args = GRPOConfig(
         output_dir=output_dir,
@@ -429,7 +430,7 @@ def run_trl(cfg: Any, model: Any, tokenizer: Any, warmup: int, output_dir: str) 
         use_cpu=not torch.cuda.is_available(),
         bf16=False,
         fp16=False,
-        gradient_checkpointing=False,  # off on both sides (both default to on): the same work, as documented
+        **checkpointing_arg(False),  # off on both sides (both default to on): the same work, as documented
         logging_strategy="no",
         save_strategy="no",
         report_to=[],

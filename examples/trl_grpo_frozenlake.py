@@ -83,6 +83,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     from ragen_trainer.trl_integration import (
         RagenGRPOTrainer,
         RagenRollout,
+        checkpointing_arg,
         env_format,
         env_reward,
         env_success,
@@ -115,7 +116,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             loss_type="dapo",  # a token mean over the step, as ragen's token-mean
             reward_weights=[1.0, 0.0, 0.0],  # train on the return; log success and format
             shuffle_dataset=False,  # keep ragen's step order of initial states
-            gradient_checkpointing=False,  # TRL's default is on; ragen's is off
+            **checkpointing_arg(False),  # TRL's default is on; ragen's is off
             bf16=bf16,
             fp16=False,
             use_cpu=device == "cpu",

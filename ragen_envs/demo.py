@@ -1,4 +1,4 @@
-"""``ragen-demo`` (also ``python -m ragen_envs``): play every offline env with a scripted agent and show the episodes.
+"""``ragen-demo`` (also ``python -m ragen_envs``): play every registered env with a scripted agent and show the episodes.
 
 The agents see only what a model would see plus the env's structured state (``env.unwrapped.state_view()``), and
 reply in the paper's format, with thinking written from that state (so the reasoning-grounding reward can check it):
@@ -11,13 +11,16 @@ reply in the paper's format, with thinking written from that state (so the reaso
   names when they are offered, and buys (a rule agent, like the original paper's rule baseline);
 * Sokoban*: plays the solver's optimal plan (:func:`ragen_envs.sokoban.solver.solve_env`), as many moves a turn as
   the protocol allows;
+* the text games (TicTacToe, ConnectFour, PrisonersDilemma, Negotiation): the game's strongest fixed opponent
+  (:attr:`ragen_envs.games.GameEntry.strongest`) plays the agent's seat against the env's default opponent;
 * anything else (new envs): random valid actions.
 
 WebShop starts an embedded server (1,000 generated products) when its extra (``pip install ragen[webshop]``) is
 installed, and is skipped otherwise or with ``--no-webshop``.
 
-    ragen-demo                      # every offline env, 3 episodes each, the first one printed
+    ragen-demo                      # every env (the paper's and the games), 3 episodes each, the first one printed
     ragen-demo --env FrozenLake --episodes 20 --quiet
+    ragen-demo --env TicTacToe
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from ragen_envs.driver import Episode, play_episodes, rollout_jobs
-from ragen_envs.registration import ENV_IDS
+from ragen_envs.games import GAMES, game_of
+from ragen_envs.registration import ENV_IDS, GAME_IDS
 
 #: A scripted policy: the live episode (its env, latest info and protocol) and a generator -> the reply text.
 Policy = Callable[[Episode, np.random.Generator], str]
@@ -117,6 +121,18 @@ def sokoban_agent(episode: Episode, rng: np.random.Generator) -> str:
     )
 
 
+def game_agent(episode: Episode, rng: np.random.Generator) -> str:
+    """The game's strongest fixed opponent playing the agent's seat (one player per episode: some remember the game)."""
+    base = episode.env.unwrapped  # type: ignore[union-attr]
+    if "player" not in episode.memory:
+        player = base.opponents[GAMES[game_of(episode.env_id) or ""].strongest]()
+        player.reset(base.seat)
+        episode.memory["player"] = player
+    player = episode.memory["player"]
+    move = player.act(base.state_view(), rng)
+    return episode.protocol.format_reply([move], f"The {player.name} player's move: {move}.")
+
+
 def random_agent(episode: Episode, rng: np.random.Generator) -> str:
     names = list(episode.env.unwrapped.action_names) or ["noop"]  # type: ignore[union-attr]
     k = episode.protocol.actions_per_turn
@@ -150,6 +166,8 @@ def agent_for(env_id: str) -> tuple[str, Policy]:
         return "rule", webshop_agent
     if "Sokoban" in env_id:
         return "solver", sokoban_agent
+    if game_of(env_id) is not None:
+        return f"{GAMES[game_of(env_id) or ''].strongest} player", game_agent
     return "random", random_agent
 
 
@@ -163,7 +181,7 @@ def show_episode(episode: Episode) -> None:
 
 def offline_ids(include_webshop: bool) -> tuple[list[str], list[tuple[str, str]]]:
     ids, skipped = [], []
-    for env_id, spec in ENV_IDS.items():
+    for env_id, spec in {**ENV_IDS, **GAME_IDS}.items():
         module = spec.env_cls.partition(":")[0]
         if "WebShop" in env_id and not include_webshop:
             skipped.append((env_id, "--no-webshop given"))
@@ -213,7 +231,8 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="ragen-demo", description="Play every offline ragen env with a scripted agent."
+        prog="ragen-demo", description="Play every registered ragen env (the paper's and the text games) with a "
+        "scripted agent."
     )
     parser.add_argument("--env", default="", help="only ids containing this text (case-insensitive)")
     parser.add_argument("--episodes", type=int, default=3, help="episodes per env (default 3)")
@@ -228,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = [i for i in ids if args.env.lower() in i.lower()]
     skipped = [(i, why) for i, why in skipped if args.env.lower() in i.lower()]
     if not ids:
-        print(f"no env matches --env {args.env!r}; ids: {', '.join(ENV_IDS)}", file=sys.stderr)
+        print(f"no env matches --env {args.env!r}; ids: {', '.join([*ENV_IDS, *GAME_IDS])}", file=sys.stderr)
         return 2
     rows = []
     for n, env_id in enumerate(ids, 1):

@@ -22,7 +22,9 @@ Episode end: terminated on purchase; with the protocol, truncated after ``max_tu
 (the reference RAGEN config: 9 turns, 1 action per turn).
 
 Arguments:
-    server_url: ``http://host:port`` of a running ``webshop-server``; ``None`` starts an embedded one.
+    server_url: ``http://host:port`` of a running ``webshop-server`` (a path after it, ``http://host/shop`` behind a
+        reverse proxy, is kept); ``None`` starts an embedded one. A server that answers something else is a
+        :class:`NotWebShopError` (a ``ConnectionError``) saying what it answered.
     split: goals to draw from on ``reset(seed)``: ``"train"``, ``"eval"`` or ``"test"`` (the original's split).
     observation_mode: ``"text"``, ``"text_rich"`` or ``"html"``.
     show_available_actions: append the list of available actions to each observation.
@@ -47,6 +49,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from ragen_envs.cache import cache_dir
 from ragen_envs.core import BaseTextEnv, StepOutcome, check_arg, default_info
 
 _ACTION_RE = re.compile(r"^(search|click)\s*\[(.*)\]$", re.IGNORECASE | re.DOTALL)
@@ -110,7 +113,8 @@ class _Embedded:
             if entry is None:
                 from webshop_server.app import build_shop, start_in_thread  # lazily: the server's deps
 
-                shop = build_shop(**build_kwargs)
+                # ragen's cache folder: the search index is built once per catalog for every env and process.
+                shop = build_shop(**build_kwargs, cache_dir=str(cache_dir("webshop")))
                 server, thread = start_in_thread(shop, "127.0.0.1", 0)  # a daemon thread
                 entry = cls._servers[key] = [server, thread, 0]
             entry[2] += 1
@@ -155,35 +159,70 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_Embedded._forget_after_fork)
 
 
+#: Largest answer read from a WebShop server (a results page is some KB).
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+
+
+class NotWebShopError(ConnectionError):
+    """The server at ``server_url`` answered something a WebShop server does not (the message says what)."""
+
+
 class _Client:
-    """A keep-alive JSON client for one server, standard library only."""
+    """A keep-alive JSON client for one server, standard library only. A path in the URL
+    (``http://host/shop``, a server behind a reverse proxy) is kept in front of every request's path."""
 
     def __init__(self, url: str, timeout: float) -> None:
         parts = urlsplit(url)
         self.host, self.port, self.timeout = parts.hostname or "127.0.0.1", parts.port or 80, timeout
+        self.prefix = parts.path.rstrip("/")
         self._conn: http.client.HTTPConnection | None = None
 
     def request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        """``(status, the JSON object answered)``; ``ConnectionError`` when the server does not answer,
+        :class:`NotWebShopError` when it answers something that is not a JSON object."""
         body = json.dumps(payload).encode() if payload is not None else None
         headers = {"Content-Type": "application/json"} if body is not None else {}
         for attempt in range(2):  # one reconnect: the server may have closed an idle keep-alive connection
             if self._conn is None:
                 self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
             try:
-                self._conn.request(method, path, body=body, headers=headers)
+                self._conn.request(method, self.prefix + path, body=body, headers=headers)
                 resp = self._conn.getresponse()
-                data = resp.read()
-                if resp.getheader("Connection", "").lower() == "close":
+                data = resp.read(MAX_ANSWER_BYTES + 1)
+                if resp.getheader("Connection", "").lower() == "close" or len(data) > MAX_ANSWER_BYTES:
                     self.close()
-                return resp.status, json.loads(data.decode("utf-8")) if data else {}
+                return resp.status, self._parse(method, path, resp, data)
             except (http.client.HTTPException, ConnectionError, OSError) as exc:
                 self.close()
+                if isinstance(exc, NotWebShopError):
+                    raise
                 if attempt == 1:
                     raise ConnectionError(
-                        f"WebShop server at http://{self.host}:{self.port} did not answer {method} {path}: {exc}. "
+                        f"WebShop server at {self.url} did not answer {method} {path}: {exc}. "
                         "Start it with `webshop-server` or pass server_url=None for an embedded one."
                     ) from exc
         raise AssertionError("unreachable")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{self.prefix}"
+
+    def _parse(self, method: str, path: str, resp: http.client.HTTPResponse, data: bytes) -> dict[str, Any]:
+        if not data:
+            return {}
+        what = f"{self.url} is not a WebShop server: {method} {path} answered {resp.status}"
+        kind = resp.getheader("Content-Type") or "no Content-Type"
+        if len(data) > MAX_ANSWER_BYTES:
+            raise NotWebShopError(f"{what} with more than {MAX_ANSWER_BYTES:,} bytes ({kind})")
+        try:
+            parsed = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            start = data[:80].decode("utf-8", errors="replace")
+            raise NotWebShopError(f"{what} with {kind} that is not JSON (it starts {start!r}); server_url must "
+                                  "name a running webshop-server, e.g. http://127.0.0.1:3000") from None  # fmt: skip
+        if not isinstance(parsed, dict):
+            raise NotWebShopError(f"{what} with JSON that is not an object ({type(parsed).__name__})")
+        return parsed
 
     def close(self) -> None:
         if self._conn is not None:
@@ -267,11 +306,14 @@ class WebShopEnv(BaseTextEnv):
         except ConnectionError:
             self.close()
             raise
-        if status != 200:
+        splits = catalog.get("splits") if status == 200 else None
+        if not (isinstance(splits, dict) and isinstance(splits.get(split), int) and not isinstance(splits[split], bool)):
             self.close()
-            raise ConnectionError(f"{self.server_url} is not a WebShop server (/api/catalog answered {status})")
+            said = f"answered {status}" if status != 200 else f"has no goal count for the {split!r} split"
+            raise NotWebShopError(f"{self.server_url} is not a WebShop server (/api/catalog {said}); server_url must "
+                                  "name a running webshop-server, e.g. http://127.0.0.1:3000")  # fmt: skip
         self.catalog_info = catalog
-        self.n_goals = int(catalog["splits"][split])
+        self.n_goals = int(splits[split])
         if self.n_goals == 0:
             self.close()
             raise ValueError(f"invalid argument split={split!r}: the server's {split} split has no goals")

@@ -2,9 +2,10 @@
 reference code's bi-level GAE (turn level, then token level).
 
 Tensors are laid out per *action position*: ``[B, T]`` where position ``t`` is a token of the conversation, and
-``mask[b, t] == 1`` exactly on the model's own tokens (the paper's loss mask). Environment tokens are not actions:
-GAE skips them, so the value that bootstraps the last token of turn k is the value at the first token of turn k+1
-(whose state includes the environment's reply). Everything here runs under ``torch.no_grad``: advantages are targets.
+``mask[b, t] == 1`` on the trained tokens (the config's ``loss_mask``): under ``replies`` exactly the model's own
+tokens, and environment tokens are not actions: GAE skips them, so the value that bootstraps the last token of turn k
+is the value at the first token of turn k+1 (whose state includes the environment's reply). Under ``after_system`` (the
+paper's runs) every token after the system prompt is trained and GAE runs over all of them, as verl's does. Everything here runs under ``torch.no_grad``: advantages are targets.
 """
 
 from __future__ import annotations

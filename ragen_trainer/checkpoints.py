@@ -285,9 +285,9 @@ class SignalGuard:
 
 
 __all__ = [
+    "TRAINER_STATE_FILE",
     "RunFolder",
     "SignalGuard",
-    "TRAINER_STATE_FILE",
     "checkpoint_step",
     "disk_full_message",
     "folder_size",

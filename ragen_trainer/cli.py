@@ -2,7 +2,7 @@
 :mod:`ragen_trainer.evaluation.cli` -- evaluate (``eval``) and merge results (``leaderboard``).
 
     ragen-trainer train --config starpo-s --env ragen/Bandit-v0 --model smollm2 --output_dir runs/bandit
-    ragen-trainer train --config configs/sokoban/starpo-s.yaml --filter_ratio 0.5 --set actor_lr=1e-5
+    ragen-trainer train --config configs/quick/bandit-smollm2-cpu.yaml --filter_ratio 0.5 --set actor_lr=1e-5
     accelerate launch --num_processes 8 -m ragen_trainer.cli train --config starpo-s --deepspeed ds_zero2.json
 
 Every :class:`~ragen_trainer.config.StarPOConfig` field is a flag (``--<field> value``; dashes work too), and
@@ -249,14 +249,20 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     up during a save).
 
     ``force_resume`` / ``overwrite`` are ``--resume`` / ``--overwrite`` (see :meth:`StarPOTrainer.train`)."""
-    from accelerate import PartialState
-
+    from ragen_trainer.distributed import make_accelerator
     from ragen_trainer.models import ModelLoadError, load_model_and_tokenizer
     from ragen_trainer.precision import compute_dtype
-    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer
+    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer, peak_rss_bytes
 
-    state = PartialState()
+    try:  # first: the processes' state (DDP, DeepSpeed, gloo on CPUs) is made once, and the model's device comes from it
+        state = make_accelerator(cfg)
+    except ValueError as exc:
+        print(f"ragen-trainer train: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     device = state.device
+    note = cpu_scale_note(cfg) if device.type == "cpu" and state.is_main_process else None
+    if note:
+        print(note, file=sys.stderr)
     try:  # the trained weights are stored in master_dtype (float32: the reference's fp32 master weights)
         model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.master_dtype, device=device,
                                                     lora=cfg.lora_settings())
@@ -272,7 +278,7 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     ref_model = None
     if cfg.kl_coef > 0 or cfg.kl_reward_coef > 0:  # the frozen reference, as loaded even on resume; never updated
         ref_model, _ = load_model_and_tokenizer(cfg.model, dtype=compute_dtype(cfg.dtype, device), device=device)
-    trainer = StarPOTrainer(cfg, model, tokenizer, ref_model=ref_model)
+    trainer = StarPOTrainer(cfg, model, tokenizer, ref_model=ref_model, accelerator=state)
     try:
         result = trainer.train(force_resume=force_resume, overwrite=overwrite)
     except (RunConflictError, ValueError) as exc:  # the output folder changed, or its checkpoint does not fit
@@ -295,9 +301,28 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
         else:
             val = result.metrics.get("val/success")
             val_text = f", validation success {100 * val:.1f}%" if val is not None else ""
-            print(f"done: {result.global_step} steps{val_text}; model in {result.final_model}; "
-                  f"summary in {cfg.output_dir}/summary.json", file=sys.stderr)
+            print(f"done: {result.global_step} steps{val_text}, peak memory {peak_rss_bytes() / 1e9:.1f} GB; model "
+                  f"in {result.final_model}; summary in {cfg.output_dir}/summary.json", file=sys.stderr)
     return EXIT_INTERRUPTED if result.interrupted else 0
+
+
+#: Tokens a run may generate before a CPU user is pointed at the small CPU config (that config generates at most
+#: 4 x 8 x 16 x 30 = 15,360; the paper's Bandit run 8 x 16 x 400 x 200 = 10.2 million).
+CPU_TOKEN_BUDGET = 1_000_000
+QUICK_CPU_CONFIG = "configs/quick/bandit-smollm2-cpu.yaml"
+
+
+def cpu_scale_note(cfg: StarPOConfig) -> str | None:
+    """A note for a run on a CPU that generates more than :data:`CPU_TOKEN_BUDGET` tokens (rollouts only, at most):
+    the paper's settings are sized for GPUs, and the small CPU config is named. ``None`` for smaller runs."""
+    turns = cfg.protocol_settings().max_turns
+    tokens = cfg.env_groups * cfg.group_size * turns * cfg.max_new_tokens * cfg.total_steps
+    if tokens <= CPU_TOKEN_BUDGET:
+        return None
+    return (f"note: no GPU. This run generates up to {tokens:,} tokens ({cfg.env_groups} x {cfg.group_size} rollouts x "
+            f"{turns} turn(s) x {cfg.max_new_tokens} tokens x {cfg.total_steps} steps), plus validation: the paper's "
+            f"scale, sized for GPUs, which takes hours on a CPU. A small run for a CPU (30 steps of 4 x 8 rollouts of "
+            f"16 tokens): ragen-trainer train --config {QUICK_CPU_CONFIG}")  # fmt: skip
 
 
 def run_presets(args: argparse.Namespace) -> int:

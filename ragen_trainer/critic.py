@@ -1,8 +1,8 @@
 """The critic of StarPO's PPO backbone: a value head on the policy's backbone, or a separate value model.
 
 The critic is registered as a sub-module ``ragen_critic`` of the policy model, and the policy's ``forward`` learns an
-extra keyword, ``return_values=True``, which adds a ``values`` tensor ``[B, L]`` to the output (the value of the
-state *after* reading token ``t``, so ``values[:, t-1]`` is the baseline of token ``t``); see
+extra keyword, ``return_values=True``, which adds a values tensor ``[B, L]`` (key ``critic_values``) to the output
+(the value of the state *after* reading token ``t``, so ``values[:, t-1]`` is the baseline of token ``t``); see
 :func:`install_policy_forward`, which also adds the memory-saving ``logits_mask``. Keeping policy and critic
 in one module, called through one ``forward``, is what lets ``accelerate``/DDP/DeepSpeed wrap, shard and
 all-reduce both without any special case (this is how TRL adds its fused LM head, too). The checkpoint code saves the
@@ -18,18 +18,25 @@ from __future__ import annotations
 
 import copy
 import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from transformers.utils import ModelOutput
+
+from ragen_trainer.losses import entropy_from_logits
 
 #: Name of the critic sub-module on the policy model, and prefix of its keys in ``state_dict``.
 CRITIC_ATTR = "ragen_critic"
 #: File the critic's weights are saved to, inside a checkpoint folder.
 CRITIC_FILE = "critic.safetensors"
 CRITIC_KINDS: tuple[str, ...] = ("value_head", "value_model")
+#: The output key of the critic's values. Not ``values``: a ``ModelOutput`` is a mapping, and a key named ``values``
+#: would shadow its ``.values()`` method, which DeepSpeed's engine calls on forward outputs.
+VALUES_KEY = "critic_values"
 
 
 def _hidden_size(model: nn.Module) -> int:
@@ -65,8 +72,9 @@ class ValueModel(nn.Module):
         self.backbone = backbone
         self.head = ValueHead(hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs: Any) -> torch.Tensor:
+        """Values ``[B, L]``; ``kwargs`` (``position_ids``, a packed layout) go to the backbone as to the policy's."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
         return self.head(out.last_hidden_state)
 
 
@@ -99,7 +107,13 @@ def install_policy_forward(model: nn.Module) -> None:
       Multi-turn conversations are mostly prompt and environment text, and vocabularies are large (Qwen: 151k), so
       this is what keeps the trainer's memory proportional to the model's own tokens (TRL's fused LM head does the
       same for its single-turn case).
-    * ``return_values=True``: add the critic's ``values`` ``[B, L]``.
+    * ``token_targets`` (``[n]``, with ``logits_mask``): instead of the logits, return ``selected_logprobs`` (each
+      selected position's log-prob of its target at ``temperature``) and, with ``token_entropy=True``,
+      ``selected_entropy``, computed in chunks of positions whose ``[chunk, vocab]`` logits are recomputed in the
+      backward pass rather than kept (:func:`chunked_token_logprobs`): the memory of the logits no longer grows with
+      the number of trained tokens (thousands per trajectory when the prompt is trained, ``loss_mask="after_system"``).
+    * ``return_values=True``: add the critic's values ``[B, L]`` (key :data:`VALUES_KEY`); ``values_only=True``:
+      return only them (a separate value model then runs alone, without the policy).
 
     Both happen inside ``forward``, so DDP / DeepSpeed see one ordinary forward call.
     """
@@ -110,38 +124,94 @@ def install_policy_forward(model: nn.Module) -> None:
     softcap = getattr(text_config, "final_logit_softcapping", None)
     scale = getattr(text_config, "logit_scale", None)
 
+    def lm_head(hidden: torch.Tensor) -> torch.Tensor:
+        logits = model.get_output_embeddings()(hidden)
+        if scale is not None:
+            logits = logits * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        return logits
+
     @functools.wraps(type(model).forward)
     def forward(*args: Any, return_values: bool = False, logits_mask: torch.Tensor | None = None,
-                **kwargs: Any) -> Any:
-        if logits_mask is None and not return_values:
+                values_only: bool = False, token_targets: torch.Tensor | None = None, temperature: float = 1.0,
+                token_entropy: bool = False, **kwargs: Any) -> Any:
+        if logits_mask is None and not return_values and not values_only:
             return original_forward(*args, **kwargs)
         input_ids = kwargs.get("input_ids", args[0] if args else None)
         head = getattr(model, CRITIC_ATTR, None)
+        # what the backbones take besides the ids and the mask: position ids, a packed layout (ragen_trainer.packing)
+        extra = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask", "output_hidden_states")}
+        if values_only:
+            if head is None:
+                raise ValueError("values_only=True needs a critic: call attach_critic(model, kind) first")
+            if isinstance(head, ValueHead):
+                hidden = model.get_decoder()(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"),
+                                             use_cache=False, **extra).last_hidden_state
+                return ModelOutput({VALUES_KEY: head(hidden)})
+            return ModelOutput({VALUES_KEY: head(input_ids, kwargs.get("attention_mask"), **extra)})
         if logits_mask is None:  # full logits plus values
             kwargs["output_hidden_states"] = True
             out = original_forward(*args, **kwargs)
             hidden = out.hidden_states[-1]
         else:
             decoder = model.get_decoder()
-            out = decoder(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), use_cache=False)
+            out = decoder(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), use_cache=False, **extra)
             hidden = out.last_hidden_state
-            logits = model.get_output_embeddings()(hidden[logits_mask.bool()])
-            if scale is not None:
-                logits = logits * scale
-            if softcap is not None:
-                logits = torch.tanh(logits / softcap) * softcap
-            out = ModelOutput(selected_logits=logits)
+            selected = hidden[logits_mask.bool()]
+            if token_targets is not None:
+                logprobs, entropy = chunked_token_logprobs(
+                    selected, lm_head, token_targets, vocab=model.get_output_embeddings().weight.shape[0],
+                    temperature=temperature, entropy=token_entropy)
+                out = ModelOutput(selected_logprobs=logprobs)
+                if entropy is not None:
+                    out["selected_entropy"] = entropy
+            else:
+                out = ModelOutput(selected_logits=lm_head(selected))
         if return_values:
             if head is None:
                 raise ValueError("return_values=True needs a critic: call attach_critic(model, kind) first")
             if isinstance(head, ValueHead):
-                out["values"] = head(hidden)
+                out[VALUES_KEY] = head(hidden)
             else:
-                out["values"] = head(input_ids, kwargs.get("attention_mask"))
+                out[VALUES_KEY] = head(input_ids, kwargs.get("attention_mask"), **extra)
         return out
 
     model.forward = forward
     model._ragen_forward_installed = True
+
+
+#: Logit entries (positions x vocabulary) computed at once by :func:`chunked_token_logprobs`: 2**25 float32 values,
+#: 128 MB (about 680 positions of SmolLM2's 49k vocabulary, 220 of Qwen2.5's 152k).
+LOGITS_CHUNK_ELEMENTS = 2**25
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor],
+                           targets: torch.Tensor, *, vocab: int, temperature: float = 1.0, entropy: bool = False,
+                           chunk_elements: int = LOGITS_CHUNK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(lm_head(hidden) / temperature)[target]`` per row of ``hidden`` (``[n, d]``), and the entropy of
+    that distribution, chunk by chunk: each chunk's ``[chunk, vocab]`` logits live only inside it, and with gradients
+    on, the chunk is recomputed in the backward pass (activation checkpointing of the LM head), so memory is one
+    chunk's logits whatever ``n`` is. Returns float32 ``[n]`` tensors (entropy ``None`` unless asked)."""
+
+    def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = lm_head(h).float() / temperature
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        return logp, entropy_from_logits(logits) if entropy else logp.new_zeros(())
+
+    n = hidden.shape[0]
+    rows = max(1, chunk_elements // max(vocab, 1))
+    logps, ents = [], []
+    for start in range(0, max(n, 1), rows):
+        h, t = hidden[start:start + rows], targets[start:start + rows]
+        if torch.is_grad_enabled() and h.requires_grad:
+            logp, ent = torch.utils.checkpoint.checkpoint(piece, h, t, use_reentrant=False)
+        else:
+            logp, ent = piece(h, t)
+        logps.append(logp)
+        ents.append(ent)
+    logp = torch.cat(logps) if len(logps) > 1 else logps[0]
+    return logp, (torch.cat(ents) if len(ents) > 1 else ents[0]) if entropy else None
 
 
 def policy_copy(model: nn.Module) -> nn.Module:

@@ -265,8 +265,9 @@ def matching_presets(config: Any) -> list[str]:
     keys = sorted({key for _, changes in PRESETS.values() for key in changes if key != "protocol"})
     think = config.protocol_settings().enable_think
     found = []
+    era = getattr(config, "reference", "paper")
     for name in PRESETS:
-        reference = preset(name)
+        reference = preset(name, era if era in ("paper", "latest") else "paper")
         same = all(getattr(reference, key) == getattr(config, key, None) for key in keys)
         wants_think = PRESETS[name][1].get("protocol", {}).get("enable_think")
         if same and (wants_think is None or wants_think == think):
@@ -515,8 +516,10 @@ def write_serving_files(
 ) -> None:
     """Write ``generation_config.json``, name the base model by its Hub id (``config.json``'s GGUF name, a LoRA
     adapter's cache path: :func:`fix_config_name`, :func:`fix_adapter_base`) and write ``README.md`` into a folder
-    the model and the tokenizer (:func:`serving_tokenizer`) were just saved to."""
-    from ragen_trainer.fileio import atomic_write_text
+    the model and the tokenizer (:func:`serving_tokenizer`) were just saved to; then give the folder's files the modes
+    of the user's umask (:func:`~ragen_trainer.fileio.apply_umask`: transformers writes ``model.safetensors`` through a
+    private temporary file, ``0600``, where every other output is ``0644`` under umask 022)."""
+    from ragen_trainer.fileio import apply_umask, atomic_write_text
 
     path = Path(folder)
     serving_generation_config(model, tokenizer, settings).save_pretrained(str(path))
@@ -526,6 +529,7 @@ def write_serving_files(
     card = model_card_text(config=config, settings=settings, base_model=base_model, step=step, kind=kind,
                            validation=validation, adapter=adapter)
     atomic_write_text(path / "README.md", card)
+    apply_umask(path)
 
 
 def write_serving_folder(folder: str | Path, out: str | Path | None = None) -> Path:

@@ -37,6 +37,7 @@ from typing import Any
 
 from ragen_envs.cache import cache_dir
 from ragen_envs.core import check_arg
+from ragen_trainer.fileio import apply_umask, atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -315,9 +316,31 @@ def prepare_tokenizer(tokenizer: Any) -> Any:
 
 # ---------------------------------------------------------------------------------------------- the bundled model
 def _converted_dir(gguf: Path) -> Path:
-    stat = gguf.stat()
-    # Size and mtime in the name: a new package version converts again instead of reusing stale weights.
-    return cache_dir("models", f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}")
+    # The file's content in the name: a new package version with other weights converts again, and the same weights
+    # installed afresh (a new venv, a reinstall: a new mtime) reuse the one converted copy (517 MB).
+    return cache_dir("models", f"{gguf.stem}-{_gguf_digest(gguf)[:16]}")
+
+
+def _gguf_digest(gguf: Path) -> str:
+    """The sha256 of the GGUF file's bytes. Hashing ~100 MB takes a fraction of a second; the digest is remembered in
+    the cache under the file's path, size, mtime and inode, so each installed copy is hashed once."""
+    import hashlib
+
+    info = gguf.stat()
+    key = {"path": str(gguf.resolve()), "size": info.st_size, "mtime_ns": info.st_mtime_ns, "inode": info.st_ino}
+    memo = cache_dir("models") / f".{gguf.name}.sha256.json"
+    try:
+        known = json.loads(memo.read_text(encoding="utf-8"))
+        if isinstance(known, dict) and known.get("file") == key and isinstance(known.get("sha256"), str):
+            return known["sha256"]
+    except (OSError, ValueError):
+        pass
+    digest = hashlib.sha256()
+    with gguf.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    atomic_write_json(memo, {"file": key, "sha256": digest.hexdigest()})
+    return digest.hexdigest()
 
 
 def convert_default_model(force: bool = False) -> Path:
@@ -361,6 +384,7 @@ def convert_default_model(force: bool = False) -> Path:
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf), "model": DEFAULT_MODEL}), "utf-8")
+        apply_umask(tmp)  # mkdtemp made it 0700, transformers writes the weights 0600: give them the umask's modes
         if target.exists():
             shutil.rmtree(target, ignore_errors=True)
         try:
@@ -471,6 +495,17 @@ def resolve_model_source(model: str | None) -> str:
     return model
 
 
+def base_model_source(model: str | None) -> str:
+    """What to load the full model from: :func:`resolve_model_source`, except that a LoRA adapter folder (an
+    ``adapter_config.json`` without a ``config.json``) gives its base model. For servers of the base weights (vLLM),
+    which receive the adapter merged into them."""
+    source = resolve_model_source(model)
+    folder = Path(source)
+    if folder.is_dir() and not (folder / "config.json").is_file() and (folder / "adapter_config.json").is_file():
+        return _adapter_base(folder)
+    return source
+
+
 def _adapter_base(adapter_dir: Path) -> str:
     try:
         cfg = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
@@ -518,7 +553,8 @@ def _load_error(model: str | None, exc: Exception) -> ModelLoadError:
         f"could not load model {model!r}: {exc}\n"
         f"It is not a local folder, and it is not in the Hugging Face cache"
         f"{' (HF_HUB_OFFLINE is set)' if offline else ' (or the hub cannot be reached from this machine)'}. "
-        f"Pass a local folder holding config.json and weights, download the model once where there is network, "
+        f"Pass a local folder holding config.json and weights, download the model once where there is network "
+        f"(hf download {model}), "
         f"or leave the model unset to use the bundled {DEFAULT_MODEL} (offline)."
     )
 
@@ -819,7 +855,7 @@ def check_model_source(model: str | None) -> str:
         raise ValueError(
             f"invalid config field model={text!r}: not a local folder, and not in the local Hugging Face cache "
             f"({HF_HUB_CACHE}){' with HF_HUB_OFFLINE set' if offline else ', and the hub cannot be reached'}; "
-            f"download it once where there is network (huggingface-cli download {text}), pass a local folder, or "
+            f"download it once where there is network (hf download {text}), pass a local folder, or "
             f"use --model smollm2 (bundled, offline)"
         )
     return "a hub id (to download)"

@@ -20,7 +20,7 @@ import os
 import statistics
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -416,7 +416,9 @@ CONSOLE_COLUMNS: tuple[tuple[str, str, int], ...] = (
 @dataclass
 class _ConsoleState:
     rows: int = 0
-    started: float = field(default_factory=time.perf_counter)
+    first: tuple[int, float] | None = None
+    """The step and time of the first row: the ETA is measured from there (what came before it, model loading and
+    the initial validation, says nothing about how long a step takes)."""
 
 
 def _tqdm_write_mode(file: Any) -> Any:
@@ -533,13 +535,21 @@ class MetricsLogger:
             cells.append(f"{'-':>{width}}" if value is None else f"{_fmt(value, width):>{width}}")
         eta = ""
         if self.total_steps:
-            elapsed = time.perf_counter() - state.started
-            left = max(self.total_steps - step, 0)
-            eta = _duration(elapsed / state.rows * left)
+            eta = self._eta(step)
         lines.append((f"{label:>{step_w}} " + " ".join(cells) + f"  {eta}", False))
         for message in warnings:
             lines.append((f"[bold yellow]warning:[/bold yellow] {message}", True))
         self._print_lines(lines)
+
+    def _eta(self, step: int) -> str:
+        """Time left, from the measured time per step since the first row (``-`` until a step has been timed: the
+        first row comes after loading and the initial validation, which no later step repeats)."""
+        state, now = self._console_state, time.perf_counter()
+        if state.first is None or step <= state.first[0]:
+            state.first = state.first or (step, now)
+            return "-"
+        per_step = (now - state.first[1]) / (step - state.first[0])
+        return _duration(per_step * max(self.total_steps - step, 0))
 
     def _print_lines(self, lines: list[tuple[str, bool]]) -> None:
         # The trainer's step bar and the rollout bar (tqdm) share the terminal: a row printed while they are drawn

@@ -62,6 +62,18 @@ no learning signal. The prefix is tokenised on its own for generation. The prefi
 ``ProtocolSettings.generation_prefix`` (``reply_prefix``: ``"auto"`` picks the tag by ``enable_think``; ``""`` turns
 the prefix off).
 
+Loss mask (``loss_mask``). ``"replies"`` trains exactly the replies' trained ids above (``turn_spans``); environment
+text is never trained. ``"after_system"`` is how the paper's runs trained (RAGEN ``3059df8``,
+``ragen/llm_agent/ctx_manager.py`` ``get_masks_and_scores`` with ``enable_response_mask: False``): the reference counts
+``<|im_start|>`` tokens and trains every position whose *input* token lies after the system turn, so the targets are
+every token from the one after the first user turn's ``<|im_start|>`` to the end of the conversation: the user turns
+(instructions, states, rewards) and the template's role headers as well as the replies. The reference's conversation
+for training ends with the last reply's ``<|im_end|>`` and the newline the template writes after it (the final state
+is dropped); that closing text is appended here too (trained), and the episode's reward sits on it, the last
+trained token, as the reference puts the score on the last token. ``turn_spans`` still mark the replies, so turn-level
+rewards and the rollout metrics count the model's own tokens in both modes. A template without a system turn (the
+system prompt folded into the first user message) trains everything after the first token.
+
 Chat engines (an OpenAI-compatible API) return text only: their replies are re-tokenised as they came to fill
 ``input_ids`` (``reply_tokens`` does not apply; no prefix, no cleaning) and the trajectory is flagged ``eval_only``
 (no log-probs; never train on it).
@@ -83,6 +95,7 @@ from ragen_envs.core import check_arg
 from ragen_envs.driver import AgentReply, Episode, play_episodes, rollout_jobs
 from ragen_envs.settings import AUTO_PREFIX, ProtocolSettings
 from ragen_trainer.engines.base import (
+    ENGINE_FAILURE,
     FINISH_LENGTH,
     FINISH_STOP,
     BatchSession,
@@ -101,6 +114,9 @@ _SEED_STRIDE = 1_000_003
 #: ``reply_tokens`` values: ``"cleaned"`` (the reference's: the cleaned reply re-tokenised, generation prefix trained)
 #: and ``"sampled"`` (the sampled ids kept exactly, generation prefix masked). See the module docstring.
 REPLY_TOKENS: tuple[str, ...] = ("cleaned", "sampled")
+#: ``loss_mask`` values: ``"after_system"`` (the paper's runs: everything after the system prompt) and ``"replies"``
+#: (the later reference: the replies only). See the module docstring.
+LOSS_MASKS: tuple[str, ...] = ("after_system", "replies")
 #: What the reference removes from the thinking and the answer of a well-formed reply (``ctx_manager.py``,
 #: ``ContextManager.special_token_list``), in its order.
 _REFERENCE_STRIPPED = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
@@ -129,6 +145,7 @@ class ChatTokens:
         self.tokenizer = tokenizer
         self.fold_system = not self._accepts_system()
         self._end_of_turn: list[int] | None = None  # end_of_turn_ids(), rendered on first use
+        self._closing: str | None = None  # the text after a conversation's last reply, rendered on first use
 
     def _accepts_system(self) -> bool:
         try:
@@ -193,6 +210,32 @@ class ChatTokens:
             marker = max((t for t in self._special_tokens() if t.strip() and tail.startswith(t)), key=len, default="")
             self._end_of_turn = self.encode(marker) if marker else []
         return list(self._end_of_turn)
+
+    def system_turn_ids(self, system: str) -> list[int]:
+        """The ids of the template's system turn alone (ChatML: ``<|im_start|>system\n...<|im_end|>\n``); ``[]`` when
+        the template has no system turn (the system prompt is folded into the first user message) or cannot render
+        one on its own."""
+        if self.fold_system:
+            return []
+        try:
+            return self.encode(self._render([{"role": "system", "content": system}], False))
+        except Exception:  # a template that refuses a chat without a user turn: no separable system turn
+            return []
+
+    def closing_ids(self, reply_ids: list[int]) -> list[int]:
+        """The template's text after the last reply of a finished conversation (ChatML: ``<|im_end|>\n``), as ids,
+        without the end-of-turn token when ``reply_ids`` already end with it (``"\n"`` in ChatML)."""
+        if self._closing is None:
+            probe = [{"role": "user", "content": "U"}, {"role": "assistant", "content": _PLACEHOLDER}]
+            rendered = self._render(self.chat_messages(probe), False)
+            pos = rendered.rfind(_PLACEHOLDER)
+            self._closing = rendered[pos + len(_PLACEHOLDER) :] if pos >= 0 else ""
+        tail = self._closing
+        if reply_ids:
+            last = self.tokenizer.decode(reply_ids[-1:], skip_special_tokens=False)
+            if last.strip() and last in self._special_tokens() and tail.startswith(last):
+                tail = tail[len(last) :]
+        return self.encode(tail) if tail else []
 
     def _special_tokens(self) -> set[str]:
         tokens = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
@@ -297,6 +340,8 @@ class TokenAgent:
             ``sampling.seed + turn * 1000003`` (distinct streams per turn, reproducible per run).
         reply_tokens: ``"cleaned"`` (default, the reference's) or ``"sampled"``; applies to token engines (a chat
             engine's replies are re-tokenised as they came, for ``eval_only`` trajectories).
+        loss_mask: ``"replies"`` (default: only the replies are trained) or ``"after_system"`` (the paper's runs:
+            everything after the system prompt, the template's closing text appended); see the module docstring.
     """
 
     def __init__(
@@ -308,9 +353,11 @@ class TokenAgent:
         max_context_tokens: int = 3600,
         seed_for: Callable[[list[Episode], int], int | None] | None = None,
         reply_tokens: str = "cleaned",
+        loss_mask: str = "replies",
     ) -> None:
         check_arg(isinstance(sampling, SamplingParams), "sampling", type(sampling).__name__, "a SamplingParams")
         check_reply_tokens(reply_tokens)
+        check_loss_mask(loss_mask)
         check_arg(
             isinstance(max_context_tokens, int) and max_context_tokens >= 2,
             "max_context_tokens",
@@ -327,6 +374,7 @@ class TokenAgent:
         self.sampling = sampling
         self.max_context_tokens = max_context_tokens
         self.reply_tokens = reply_tokens
+        self.loss_mask = loss_mask
         self.seed_for = seed_for or (lambda episodes, turn: _sampling_seed(sampling.seed, turn))
         self.timings = {"generation": 0.0, "tokenization": 0.0}
         self._prefix_ids: dict[str, list[int]] = {}
@@ -455,7 +503,10 @@ class TokenAgent:
         return self._session
 
     def _record(self, state: dict[str, Any], result: GenerationResult) -> AgentReply:
-        """Append a reply's tokens to its episode's state; the reply as the env sees it."""
+        """Append a reply's tokens to its episode's state; the reply as the env sees it. A reply the engine could not
+        produce (a chat endpoint failed it: ``result.error``) ends the episode with the reason, recording nothing."""
+        if result.error is not None:
+            return AgentReply("", stop=f"{ENGINE_FAILURE}: {result.error}")
         result = self._fit(state, result)
         # The reply as the env sees it, in both modes: the prefix the model continued from, then its text.
         env_text = state["prefix"] + result.text
@@ -512,23 +563,65 @@ class TokenAgent:
         state = episode.memory.get("tokens") or {"input_ids": [], "loss_mask": [], "logprobs": [], "spans": [],
                                                    "finish_reasons": []}  # fmt: skip
         trainable = self.token_engine and self.chat is not None
+        input_ids, loss_mask, logprobs = state["input_ids"], state["loss_mask"], state["logprobs"]
+        spans = state["spans"][: len(episode.turns)]
+        if self.loss_mask == "after_system" and trainable and spans:
+            input_ids, loss_mask, logprobs = self._after_system(episode, state)
         return Trajectory(
             group_id=episode.group_id,
             seed=episode.seed,
             env_id=episode.env_id,
             messages=_trained_messages(episode.messages, state.get("trained_replies") or []),
-            input_ids=state["input_ids"],
-            loss_mask=state["loss_mask"],
-            turn_spans=state["spans"][: len(episode.turns)],
+            input_ids=input_ids,
+            loss_mask=loss_mask,
+            turn_spans=spans,
             turn_rewards=[t.reward for t in episode.turns],
             success=episode.success,
             replies=[t.reply for t in episode.turns],
             infos=[dict(t.info) for t in episode.turns],
-            old_logprobs=state["logprobs"] if trainable else None,
+            old_logprobs=logprobs if trainable else None,
             truncated=episode.truncated,
             finish_reasons=state["finish_reasons"][: len(episode.turns)],
             eval_only=not self.token_engine,
         )
+
+
+    def _after_system(self, episode: Episode, state: dict[str, Any]) -> tuple[list[int], list[int], list[float] | None]:
+        """``input_ids``, ``loss_mask`` and log-probs of a finished episode under ``loss_mask="after_system"``: the
+        template's closing text after the last reply appended (when the context has room for it), and every target
+        whose input token lies after the system turn trained (see the module docstring)."""
+        assert self.chat is not None
+        ids = list(state["input_ids"])
+        logprobs = list(state["logprobs"]) if state["logprobs"] is not None else None
+        last_start, last_end = state["spans"][len(episode.turns) - 1]
+        if last_end == len(ids):  # nothing after the last reply yet (always, unless the context was full)
+            closing = self.chat.closing_ids(ids[last_start:last_end])
+            if closing and len(ids) + len(closing) <= self.max_context_tokens:
+                ids += closing
+                if logprobs is not None:
+                    logprobs += [0.0] * len(closing)
+        system = episode.messages[0]["content"] if episode.messages and episode.messages[0]["role"] == "system" else ""
+        return ids, after_system_mask(ids, self.chat.system_turn_ids(system) if system else []), logprobs
+
+
+def after_system_mask(input_ids: list[int], system_ids: list[int]) -> list[int]:
+    """The paper's loss mask over ``input_ids`` (RAGEN ``3059df8`` ``get_masks_and_scores``, ``turn_indicators > 1``):
+    position ``j`` is trained when the token before it lies after the system turn, i.e. ``j >= len(system_ids) + 1``.
+    ``system_ids`` must open ``input_ids`` (the template's system turn); otherwise there is no system turn and every
+    token but the first is trained."""
+    start = len(system_ids) if system_ids and input_ids[: len(system_ids)] == system_ids else 0
+    return [1 if j >= start + 1 else 0 for j in range(len(input_ids))]
+
+
+def check_loss_mask(loss_mask: Any) -> None:
+    """Raise a ``ValueError`` unless ``loss_mask`` is one of :data:`LOSS_MASKS`."""
+    check_arg(
+        loss_mask in LOSS_MASKS,
+        "loss_mask",
+        loss_mask,
+        "'after_system' (the paper's runs: everything after the system prompt trained) or 'replies' (only the "
+        "model's replies)",
+    )
 
 
 def check_reply_tokens(reply_tokens: Any) -> None:
@@ -585,6 +678,7 @@ def collect_rollouts(
     max_context_tokens: int = 3600,
     group_randomness: str = "shared",
     reply_tokens: str = "cleaned",
+    loss_mask: str = "replies",
     progress: bool = False,
 ) -> RolloutBatch:
     """Run ``len(seeds) x group_size`` episodes of ``env_id`` with ``engine`` through the episode driver
@@ -608,6 +702,8 @@ def collect_rollouts(
             :func:`clean_reply` and re-tokenised, the generation prefix trained; ``old_logprobs`` is then ``None``)
             or ``"sampled"`` (the sampled ids exactly, with their log-probs; the prefix masked). See the module
             docstring.
+        loss_mask: the trained positions: ``"replies"`` (the replies only) or ``"after_system"`` (the paper's runs:
+            everything after the system prompt). See the module docstring.
         progress: show a progress bar (episodes finished, current turn).
 
     Returns:
@@ -626,7 +722,8 @@ def collect_rollouts(
     if env_id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("ragen/"))
         raise ValueError(f"invalid argument env_id={env_id!r}: not a registered gymnasium id; ragen ids: {known}")
-    agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens)
+    agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens,
+                       loss_mask=loss_mask)  # fmt: skip
     jobs = rollout_jobs(list(seeds), group_size, group_randomness=group_randomness)
     started = time.perf_counter()
     bar = progress_bar(progress, len(jobs), env_id)
@@ -658,7 +755,9 @@ def progress_bar(enabled: bool, total: int, env_id: str, unit: str = "episode") 
 def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = "trajectory") -> list[float]:
     """A token-level reward vector aligned with ``traj.input_ids``.
 
-    ``"trajectory"``: R(tau) = sum of the turn rewards on the last model token (the paper's outcome reward);
+    ``"trajectory"``: R(tau) = sum of the turn rewards on the last trained token (the paper's outcome reward; the
+    last reply's last token, or under ``loss_mask="after_system"`` the template's closing text after it, where the
+    reference puts the score: the conversation's last token);
     ``"turn"``: each turn's reward on the last token of that turn's reply (for turn-level credit, e.g. bi-level GAE).
     Everything else is 0. A turn whose reply is empty (cut by the context) moves its reward to the previous reply's
     last token, so no reward is lost.
@@ -669,7 +768,8 @@ def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = 
     if not ends:
         return rewards
     if placement == "trajectory":
-        rewards[ends[-1]] += traj.reward
+        trained = [j for j, m in enumerate(traj.loss_mask) if m]
+        rewards[max(ends[-1], trained[-1]) if trained else ends[-1]] += traj.reward
         return rewards
     last = None
     for (start, end), reward in zip(traj.turn_spans, traj.turn_rewards):
@@ -681,7 +781,10 @@ def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = 
 
 
 __all__ = [
+    "LOSS_MASKS",
     "REPLY_TOKENS",
+    "after_system_mask",
+    "check_loss_mask",
     "ChatTokens",
     "TokenAgent",
     "check_prefix_supported",

@@ -146,6 +146,7 @@ def collect_selfplay_rollouts(
     max_context_tokens: int = 3600,
     group_randomness: str = "shared",
     reply_tokens: str = "cleaned",
+    loss_mask: str = "replies",
     progress: bool = False,
 ) -> RolloutBatch:
     """Play ``len(seeds) x group_size`` games of ``env_id``'s game, group ``g`` against ``opponents[g]``, and return
@@ -162,7 +163,8 @@ def collect_selfplay_rollouts(
             ``opponent`` and ``seat`` belong to the single-agent view and only ``seat`` is read, for the learner).
         sampling: decoding settings of both the policy and the snapshot.
         past_engine: the snapshot's engine (needed when a group's opponent is ``"past"``).
-        max_context_tokens, group_randomness, reply_tokens: as :func:`ragen_trainer.rollout.collect_rollouts`.
+        max_context_tokens, group_randomness, reply_tokens, loss_mask: as
+            :func:`ragen_trainer.rollout.collect_rollouts`.
         progress: show a progress bar (games finished).
     """
     from ragen_envs.games import GAMES, game_of
@@ -176,9 +178,10 @@ def collect_selfplay_rollouts(
               "an engine on a snapshot of the policy when a group plays 'past'")  # fmt: skip
     kwargs = dict(env_kwargs or {})
     game_kwargs = {k: v for k, v in kwargs.items() if k not in _VIEW_ONLY_KWARGS}
-    policy = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens)
+    policy = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens,
+                        loss_mask=loss_mask)  # fmt: skip
     past = (TokenAgent(past_engine, tokenizer, sampling, max_context_tokens=max_context_tokens,
-                       reply_tokens=reply_tokens) if past_engine is not None else None)  # fmt: skip
+                       reply_tokens=reply_tokens, loss_mask=loss_mask) if past_engine is not None else None)  # fmt: skip
     table = dict(GAMES[game].env.opponents)
     fixed = {name: FixedOpponentAgent(name, table, game) for name in set(opponents) - set(POLICY_OPPONENTS)}
 

@@ -20,8 +20,8 @@ One training step (the paper's Algorithm 1; StarPO-S's parts switched by the con
 Every count is taken from the batch in hand: ``optim/updates = ppo_epochs * ceil(kept / ppo_mini_batch_size)``, also
 when a step keeps more trajectories than ``env_groups x group_size / filter`` suggests (self-play trains both seats).
 
-What comes from where: ``accelerate`` runs the processes (DDP; DeepSpeed ZeRO and FSDP through its plugins), the
-mixed precision's gradient scaler and the collectives; ``transformers`` gives the model, the learning-rate schedules
+What comes from where: ``accelerate`` runs the processes (DDP; DeepSpeed ZeRO through its plugin, see
+:mod:`ragen_trainer.distributed`), the float16 gradient scaler and the collectives; ``transformers`` gives the model, the learning-rate schedules
 and ``save_pretrained``; TRL's ``unwrap_model_for_generation`` gathers ZeRO-3 weights for generation. The loop, the
 update's math, the checkpoints (whole or absent, SIGINT-safe, verified on resume) and the logs are ragen's.
 
@@ -55,7 +55,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object
 from transformers import get_scheduler
 from transformers.trainer_utils import set_seed
-from trl.models.utils import unwrap_model_for_generation
+from trl.models.utils import prepare_deepspeed, unwrap_model_for_generation
 
 from ragen_trainer.checkpoints import (
     TRAINER_STATE_FILE,
@@ -82,6 +82,14 @@ from ragen_trainer.critic import (
     save_critic,
     split_state_dict,
 )
+from ragen_trainer.distributed import (
+    full_state_dict,
+    is_deepspeed,
+    load_engine_state,
+    make_accelerator,
+    save_engine_state,
+    zero_stage,
+)
 from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.factory import make_training_engine
 from ragen_trainer.fileio import atomic_write_json
@@ -95,6 +103,8 @@ from ragen_trainer.models import (
     write_checkpoint_marker,
 )
 from ragen_trainer.monitor import EchoTrapMonitor, MetricsLogger, rollout_metrics, truncate_metrics
+from ragen_trainer.optimizer import GroupClippedAdamW
+from ragen_trainer.packing import PackedBatch, pack, use_packed_attention
 from ragen_trainer.precision import Precision
 from ragen_trainer.rollout import collect_rollouts
 from ragen_trainer.selfplay import OpponentPool, collect_selfplay_rollouts, selfplay_metrics
@@ -105,9 +115,9 @@ from ragen_trainer.update import (
     action_mask,
     compute_advantages,
     micro_batches,
-    pack_ids,
     ppo_loss,
     token_logprobs,
+    token_values,
     update_count,
 )
 
@@ -117,6 +127,8 @@ VAL_SEED_BASE = 1_000_000_000
 TRAIN_SEED_STRIDE = 10_000_019
 #: The Echo Trap monitor's history, saved in every checkpoint folder.
 MONITOR_FILE = "echo_trap_monitor.json"
+#: The metric each optimizer group's gradient norm (before clipping) is logged under.
+GRAD_NORM_KEYS = {"policy": "optim/grad_norm", "critic": "critic/grad_norm"}
 #: The optimizer's and the learning-rate schedule's states in a checkpoint (one process, or DDP).
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
@@ -188,6 +200,7 @@ class StarPOTrainer:
         engine: Any = None,
         ref_model: Any = None,
         callbacks: list[TrainerCallback] | None = None,
+        accelerator: Accelerator | None = None,
     ) -> None:
         self.cfg = cfg = config.validate()
         # Record the run's whole protocol (the env's reference values included) in config.yaml and every checkpoint.
@@ -198,8 +211,9 @@ class StarPOTrainer:
         self.callbacks = list(callbacks or [])
         set_seed(cfg.seed)
 
-        self.accelerator = Accelerator(cpu=not torch.cuda.is_available(), mixed_precision="no")
+        self.accelerator = accelerator or make_accelerator(cfg)
         self.precision = Precision.from_config(cfg, self.accelerator.device)
+        self.deepspeed = is_deepspeed(self.accelerator)
 
         # The reference policy is copied before a critic is attached (the copy must not carry one).
         if (cfg.kl_coef > 0 or cfg.kl_reward_coef > 0) and ref_model is None:
@@ -207,21 +221,26 @@ class StarPOTrainer:
         if cfg.use_critic:
             attach_critic(model, cfg.critic)
         install_policy_forward(model)
+        use_packed_attention(model)  # packed micro-batches: no padding, each group's prefix once (ragen_trainer.packing)
         if cfg.gradient_checkpointing:  # verl's default: the same gradients in a fraction of the activations' memory
             enable_activation_checkpointing(model)
         model.train()
 
-        self.optimizer = self._make_optimizer(model)
+        self.adamw = self._make_optimizer(model)
         # The schedule advances once per training step, as verl's actor_lr_scheduler (warm-up in training steps).
-        self.scheduler = get_scheduler(cfg.lr_scheduler_type, self.optimizer, num_warmup_steps=cfg.warmup_steps,
+        self.scheduler = get_scheduler(cfg.lr_scheduler_type, self.adamw, num_warmup_steps=cfg.warmup_steps,
                                        num_training_steps=cfg.total_steps)
-        self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+        self.model, self.optimizer = self.accelerator.prepare(model, self.adamw)
+        self.adamw.partitioned = self.deepspeed  # ZeRO hands the optimizer this process's partition of each group
 
         self.ref_model = None
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
-            self.ref_model = ref_model.to(device=self.accelerator.device, dtype=self.precision.compute)
-            install_policy_forward(self.ref_model)
+            ref_model = ref_model.to(device=self.accelerator.device, dtype=self.precision.compute)
+            install_policy_forward(ref_model)
+            use_packed_attention(ref_model)
+            # Under ZeRO-3 the frozen reference is sharded too (TRL's helper wraps it in an inference engine).
+            self.ref_model = prepare_deepspeed(ref_model, self.accelerator) if self._zero3 else ref_model
 
         if engine is None:
             engine = make_training_engine(cfg, self.policy, tokenizer)
@@ -246,24 +265,27 @@ class StarPOTrainer:
 
     @property
     def _zero3(self) -> bool:
-        plugin = self.accelerator.state.deepspeed_plugin
-        return plugin is not None and plugin.zero_stage == 3
+        return zero_stage(self.accelerator) == 3
 
     @property
     def is_main_process(self) -> bool:
         return self.accelerator.is_main_process
 
-    def _make_optimizer(self, model: Any) -> torch.optim.Optimizer:
-        """AdamW with two parameter groups: the policy at ``actor_lr``, the critic at ``critic_lr`` (the reference's
-        two optimizers, with the same betas and epsilon)."""
+    def _make_optimizer(self, model: Any) -> GroupClippedAdamW:
+        """AdamW with two parameter groups, each clipped by its own gradient norm: the policy at ``actor_lr``, the
+        critic at ``critic_lr`` (the reference's two optimizers, with the same betas and epsilon)."""
+        cfg = self.cfg
         actor = [p for n, p in model.named_parameters() if p.requires_grad and CRITIC_ATTR not in n]
         critic = [p for n, p in model.named_parameters() if p.requires_grad and CRITIC_ATTR in n]
-        groups = [{"params": actor, "lr": self.cfg.actor_lr, "weight_decay": self.cfg.weight_decay}]
+        groups = [{"params": actor, "lr": cfg.actor_lr, "weight_decay": cfg.weight_decay,
+                   "max_grad_norm": cfg.max_grad_norm, "name": "policy"}]
         if critic:
-            groups.append({"params": critic, "lr": self.cfg.critic_lr, "weight_decay": self.cfg.weight_decay})
+            groups.append({"params": critic, "lr": cfg.critic_lr, "weight_decay": cfg.weight_decay,
+                           "max_grad_norm": cfg.critic_max_grad_norm, "name": "critic"})
         device = next(model.parameters()).device
-        fused = device.type in ("cpu", "cuda")  # torch's fused AdamW: one kernel for all tensors of a group
-        return torch.optim.AdamW(groups, betas=(0.9, 0.999), eps=1e-8, fused=fused)
+        # torch's fused AdamW (one kernel for all tensors of a group), except on DeepSpeed's flat partitions
+        fused = device.type in ("cpu", "cuda") and not self.deepspeed
+        return GroupClippedAdamW(groups, betas=(0.9, 0.999), eps=1e-8, fused=fused)
 
     # ------------------------------------------------------------------------------------------------- the run
     def train(self, resume_from_checkpoint: str | bool | None = None, *, force_resume: bool = False,
@@ -357,10 +379,14 @@ class StarPOTrainer:
         kept, filter_stats = self.filter(trajs)
         metrics.update(filter_stats)
 
-        # 3. Score: old log-probs (the rollout policy), reference log-probs, critic values.
+        # 3. Score: the old log-probs (the policy that made the rollouts) -- unless the step makes one update, whose
+        #    own forward gives them exactly -- the reference log-probs (KL) and the critic's values (GAE).
+        updates = update_count(len(kept), cfg.ppo_mini_batch_size, cfg.ppo_epochs)
+        logprob_pass = cfg.old_logprob_pass == "always" or updates > 1 or cfg.kl_reward_coef > 0
         t0 = time.perf_counter()
-        scores = self.score(kept)
+        scores = self.score(kept, logprobs=logprob_pass)
         timings["time/scoring"] = time.perf_counter() - t0
+        metrics["score/old_logprob_pass"] = float(logprob_pass)
 
         # 4. Advantages over the kept batch.
         batch, adv_metrics = self.compute_advantages(kept, scores)
@@ -370,8 +396,6 @@ class StarPOTrainer:
         t0 = time.perf_counter()
         stats = UpdateStats()
         mini_batches = batch.mini_batches(cfg.ppo_mini_batch_size)
-        updates = cfg.ppo_epochs * len(mini_batches)
-        assert updates == update_count(len(batch), cfg.ppo_mini_batch_size, cfg.ppo_epochs)
         for epoch in range(cfg.ppo_epochs):
             for index, members in enumerate(mini_batches):
                 self.update(batch, members, stats, timings)
@@ -382,6 +406,7 @@ class StarPOTrainer:
         metrics.update(stats.reduce(self.accelerator, updates))
         metrics["optim/updates"] = float(updates)
         metrics["optim/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        metrics["memory/peak_rss_gb"] = peak_rss_bytes() / 1e9
         metrics.update(timings)
         return metrics
 
@@ -404,7 +429,7 @@ class StarPOTrainer:
                                 seed=(sampling_seed * 131 + rank) % (2**31))
         common = dict(env_kwargs=cfg.env_make_kwargs(), sampling=params, max_context_tokens=cfg.max_context_tokens,
                       group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
-                      progress=self.is_main_process)  # fmt: skip
+                      loss_mask=cfg.loss_mask, progress=self.is_main_process)  # fmt: skip
         trajs: list[Trajectory] = []
         timings: dict[str, float] = {}
         with self._generation_model() as unwrapped:
@@ -492,12 +517,15 @@ class StarPOTrainer:
 
     # ------------------------------------------------------------------------------------------------- 3. score
     @torch.no_grad()
-    def score(self, kept: list[Trajectory]) -> dict[str, list[list[float]]]:
-        """Old log-probs, reference log-probs and values of the kept trajectories (per action position), computed
-        in the compute dtype as the update's forward, so the first update's ratio is exactly 1."""
+    def score(self, kept: list[Trajectory], *, logprobs: bool = True) -> dict[str, list[list[float]]]:
+        """Old log-probs (with ``logprobs``), reference log-probs and values of the kept trajectories (per action
+        position), computed in the compute dtype as the update's forward, so the first update's ratio is exactly 1.
+        Nothing to score (no log-probs asked, no reference model, no critic): no pass at all."""
+        if not (logprobs or self.ref_model is not None or self.cfg.use_critic):
+            return {}
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         size = self.cfg.micro_batch_size
-        mine = list(range(rank, len(kept), world))
+        mine = [int(i) for i in np.array_split(np.arange(len(kept)), world)[rank]]  # contiguous: groups stay together
         passes = max(1, math.ceil(len(kept) / (world * size)))  # the same on every process (ZeRO-3 gathers meet)
         out: dict[int, dict[str, list[float]]] = {}
         self.model.eval()
@@ -506,19 +534,25 @@ class StarPOTrainer:
                 chunk = mine[p * size:(p + 1) * size]
                 rows = chunk or [0]  # a pass with nothing of ours still runs (its result is dropped)
                 trajs = [kept[i] for i in rows]
-                ids, attn = pack_ids(trajs, self.tokenizer.pad_token_id)
-                mask = action_mask(trajs, ids.shape[1] - 1, torch.long)
-                ids, attn, mask = (x.to(self.accelerator.device) for x in (ids, attn, mask))
+                mask = action_mask(trajs, max(len(t.input_ids) for t in trajs) - 1)
+                packed = pack(trajs, mask, share_prefixes=self.cfg.share_prefixes).to(self.accelerator.device)
+                mask = mask.to(self.accelerator.device)
                 with self.precision.autocast():
-                    logp, _, values = token_logprobs(self.model, ids, attn, mask, temperature=self.cfg.temperature,
-                                                     entropy=False, values=self.cfg.use_critic)
+                    logp = values = None
+                    if logprobs:
+                        logp, _, values = token_logprobs(self.model, packed, mask, temperature=self.cfg.temperature,
+                                                         entropy=False, values=self.cfg.use_critic)
+                    elif self.cfg.use_critic:
+                        values = token_values(self.model, packed, mask)
                     ref = None
                     if self.ref_model is not None:
-                        ref, _, _ = token_logprobs(self.ref_model, ids, attn, mask, temperature=self.cfg.temperature,
+                        ref, _, _ = token_logprobs(self.ref_model, packed, mask, temperature=self.cfg.temperature,
                                                    entropy=False, values=False)
                 for row, i in enumerate(chunk):
                     n = len(kept[i].input_ids) - 1
-                    out[i] = {"old_logprobs": logp[row, :n].float().cpu().tolist()}
+                    out[i] = {}
+                    if logp is not None:
+                        out[i]["old_logprobs"] = logp[row, :n].float().cpu().tolist()
                     if ref is not None:
                         out[i]["ref_logprobs"] = ref[row, :n].float().cpu().tolist()
                     if values is not None:
@@ -546,22 +580,35 @@ class StarPOTrainer:
         cfg = self.cfg
         micros = micro_batches(batch, members, micro_batch_size=cfg.micro_batch_size,
                                rank=self.accelerator.process_index, world=self.accelerator.num_processes,
-                               agg_mode=cfg.loss_agg_mode, pad_id=self.tokenizer.pad_token_id)
+                               agg_mode=cfg.loss_agg_mode, micro_size=cfg.loss_agg_micro_size,
+                               share_prefixes=cfg.share_prefixes)
         for i, micro in enumerate(micros):
             last = i == len(micros) - 1
             t0 = time.perf_counter()
             with self._no_sync(not last):
-                micro = {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v
+                micro = {k: v.to(self.accelerator.device) if isinstance(v, (torch.Tensor, PackedBatch)) else v
                          for k, v in micro.items()}
                 with self.precision.autocast():
                     loss, micro_stats = self.compute_loss(self.model, micro)
-                self.accelerator.backward(loss)
+                self._backward(loss, last)
             stats.add(micro_stats)
             timings["time/forward_loss"] += time.perf_counter() - t0
-        self._clip_gradients(stats)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        if not self.deepspeed:  # DeepSpeed's engine stepped in the last backward
+            self.optimizer.step()  # clips the policy and the critic each by its own norm, then AdamW
+            self.optimizer.zero_grad(set_to_none=True)
+        stats.add({f"mean:{GRAD_NORM_KEYS[name]}": norm for name, norm in self.adamw.last_grad_norms.items()})
         self.optimizer_steps += 1
+
+    def _backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Accumulate a micro-batch's gradients. Under DeepSpeed the engine is told where the mini-batch ends (its
+        last micro-batch reduces the gradients and steps), since ragen's mini-batches vary in size."""
+        if self.deepspeed:
+            self.model.set_gradient_accumulation_boundary(last)
+            self.model.backward(loss)
+            if last:
+                self.model.step()
+        else:
+            self.accelerator.backward(loss)
 
     def compute_loss(self, model: Any, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of one micro-batch and its statistics (:func:`ragen_trainer.update.ppo_loss`)."""
@@ -571,20 +618,6 @@ class StarPOTrainer:
         """DDP's ``no_sync`` on every micro-batch but a mini-batch's last (the gradients are all-reduced once)."""
         return self.accelerator.no_sync(self.model) if skip and self.accelerator.num_processes > 1 \
             else contextlib.nullcontext()  # fmt: skip
-
-    def _clip_gradients(self, stats: UpdateStats) -> None:
-        """Clip the policy's and the critic's gradients each by its own norm (the reference's two optimizers, each
-        with ``grad_clip``); the norms before clipping go to the step's metrics."""
-        actor, critic = [], []
-        for name, param in self.model.named_parameters():
-            if param.requires_grad:
-                (critic if CRITIC_ATTR in name else actor).append(param)
-        norm = self.accelerator.clip_grad_norm_(actor, self.cfg.max_grad_norm)
-        grad_norms = {"mean:optim/grad_norm": float(norm)}
-        if critic:
-            grad_norms["mean:critic/grad_norm"] = float(
-                self.accelerator.clip_grad_norm_(critic, self.cfg.critic_max_grad_norm))
-        stats.add(grad_norms)
 
     # ------------------------------------------------------------------------------------------------- validation
     def validate(self, step: int | None = None) -> dict[str, float]:
@@ -645,6 +678,7 @@ class StarPOTrainer:
             "skipped_checkpoints": result.skipped_checkpoints,
             "save_error": save_error,
             "wall_seconds": round(seconds, 2),
+            "peak_rss_gb": round(peak_rss_bytes() / 1e9, 3),
             "final_validation": result.metrics,
             "validation": self.val_history,
             "last_metrics": self.history[-1] if self.history else {},
@@ -704,7 +738,7 @@ class StarPOTrainer:
         with what it needs at generation time (:mod:`ragen_trainer.model_card`: the chat template writing the
         protocol's generation prefix, ``generation_config.json``, a model card). A checkpoint adds the critic
         (``critic.safetensors``); ``final/`` is for serving and holds none of the training state."""
-        state_dict = self.accelerator.get_state_dict(self.model)
+        state_dict = full_state_dict(self.accelerator, self.model)  # the master weights (a collective under ZeRO-3)
         if not self.is_main_process:
             return
         unwrapped = self.policy
@@ -738,12 +772,17 @@ class StarPOTrainer:
     def _save_training_state(self, folder: str) -> None:
         """What resuming needs besides the weights: the optimizer, the schedule, every process's RNG, the step and
         the histories (validation, Echo Trap monitor)."""
+        if self.deepspeed:  # the partitioned optimizer state, every process its own part
+            save_engine_state(self.model, folder)
         if self.is_main_process:
-            torch.save(self.optimizer.state_dict(), os.path.join(folder, OPTIMIZER_FILE))
+            if not self.deepspeed:
+                torch.save(self.adamw.state_dict(), os.path.join(folder, OPTIMIZER_FILE))
             torch.save(self.scheduler.state_dict(), os.path.join(folder, SCHEDULER_FILE))
             atomic_write_json(os.path.join(folder, TRAINER_STATE_FILE), _finite({
                 "global_step": self.global_step,
                 "optimizer_steps": self.optimizer_steps,
+                "world_size": self.accelerator.num_processes,
+                "deepspeed_stage": zero_stage(self.accelerator) if self.deepspeed else None,
                 "val_history": self.val_history,
             }), indent=1)
             # The Echo Trap monitor judges trends (a std cliff against its recent peak): a resumed run needs them.
@@ -761,17 +800,26 @@ class StarPOTrainer:
 
     def load_checkpoint(self, folder: str) -> None:
         """Load ``folder`` (a ``checkpoint-N`` that verifies) into this trainer."""
-        policy = self.policy
-        load_policy_weights(policy, folder)
-        load_critic(policy, folder)
-        self.optimizer.load_state_dict(torch.load(os.path.join(folder, OPTIMIZER_FILE), map_location="cpu",
+        state = read_trainer_state(folder)
+        saved_with_deepspeed = (Path(folder) / "latest").is_file()
+        if saved_with_deepspeed != self.deepspeed:
+            raise ValueError(f"the checkpoint {folder} was saved {'with' if saved_with_deepspeed else 'without'} "
+                             f"DeepSpeed, and this run is {'with' if self.deepspeed else 'without'} it: its optimizer "
+                             "state cannot be read; resume it as it was trained (or start a new run from its weights "
+                             "with --model)")
+        if self.deepspeed:  # DeepSpeed restores the module (master weights included) and its optimizer partitions
+            load_engine_state(self.accelerator, self.model, folder, int(state.get("world_size") or 0))
+        else:
+            policy = self.policy
+            load_policy_weights(policy, folder)
+            load_critic(policy, folder)
+            self.adamw.load_state_dict(torch.load(os.path.join(folder, OPTIMIZER_FILE), map_location="cpu",
                                                   weights_only=True))
         self.scheduler.load_state_dict(torch.load(os.path.join(folder, SCHEDULER_FILE), weights_only=True))
         rng = os.path.join(folder, f"rng_state_{self.accelerator.process_index}.pth")
         rng = rng if os.path.isfile(rng) else os.path.join(folder, "rng_state.pth")
         if os.path.isfile(rng):
             _set_rng_state(torch.load(rng, weights_only=False))
-        state = read_trainer_state(folder)
         self.global_step = int(state.get("global_step", checkpoint_step(folder)))
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.val_history = list(state.get("val_history", []))
@@ -838,6 +886,16 @@ class PolicyView:
         return getattr(self._model, name)
 
 
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held so far (Linux and macOS; 0 where unknown)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
+
+
 def _catch_sigterm() -> Any:
     """SIGTERM (a scheduler's stop) is handled like Ctrl-C: save, then exit cleanly. Returns the previous handler."""
     try:
@@ -892,5 +950,6 @@ __all__ = [
     "StarPOTrainer",
     "TrainResult",
     "TrainerCallback",
+    "peak_rss_bytes",
     "step_seeds",
 ]

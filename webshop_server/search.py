@@ -7,8 +7,8 @@ b = 0.4), the analyzer of :mod:`webshop_server.text`. Only documents that match 
 returned (as Lucene does), at most ``SEARCH_RETURN_N`` = 50, best first; ties are broken by catalog order so results
 are reproducible.
 
-The index is built once per catalog and cached under ``ragen_envs.cache.cache_dir("webshop", <fingerprint>)`` (or
-the ``cache_dir`` given); later starts memory-map it.
+The index is built once per catalog and cached under :func:`default_cache_root` ``/<fingerprint>`` (ragen's cache
+folder, or the ``cache_dir`` given); later starts memory-map it.
 """
 
 from __future__ import annotations
@@ -36,9 +36,15 @@ log = logging.getLogger("webshop_server")
 
 
 def default_cache_root() -> Path:
-    from ragen_envs.cache import cache_dir  # light module, no env imports
-
-    return cache_dir("webshop")
+    """Where indexes are cached when no ``cache_dir`` is given: ``$RAGEN_CACHE_DIR/webshop``, else
+    ``$XDG_CACHE_HOME/ragen/webshop`` (default ``~/.cache/ragen/webshop``), created. The same folder as ragen's own
+    cache (``ragen_envs.cache.cache_dir("webshop")``, which the env's embedded server passes), found here without
+    importing ragen_envs: the server stands below the envs."""
+    root = os.environ.get("RAGEN_CACHE_DIR")
+    base = Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "ragen"
+    path = base / "webshop"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class SearchEngine:

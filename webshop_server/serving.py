@@ -64,6 +64,7 @@ class Limits:
 
     max_line_bytes: int = 16 * 1024  # request line
     max_head_bytes: int = 32 * 1024  # request line + headers
+    max_headers: int = 100  # header lines (exactly this many are accepted)
     max_body_bytes: int = 64 * 1024  # Content-Length
     max_json_depth: int = 64  # nesting of a JSON body's arrays and objects
     request_timeout: float = 10.0  # a request's first byte (or the accept) to its last byte
@@ -75,8 +76,8 @@ class Limits:
     handler_threads: int = 8  # threads running request handlers
 
     def __post_init__(self) -> None:
-        counts = ("max_line_bytes", "max_head_bytes", "max_body_bytes", "max_json_depth", "max_connections",
-                  "handler_threads")  # fmt: skip
+        counts = ("max_line_bytes", "max_head_bytes", "max_headers", "max_body_bytes", "max_json_depth",
+                  "max_connections", "handler_threads")  # fmt: skip
         for name, value in asdict(self).items():
             kinds = int if name in counts else (int, float)
             if isinstance(value, bool) or not isinstance(value, kinds):
@@ -212,6 +213,10 @@ def frame(conn: _Conn, limits: Limits) -> _Request | _Reject | None:
             conn.scan = len(buf)
             return None
         version = bytes(buf[:line_end]).split()[2]
+        headers = bytes(buf[line_end + 1 : m.start()]).count(b"\n") + 1 if m.start() > line_end + 1 else 0
+        if headers > limits.max_headers:
+            return _Reject(431, f"{headers} request headers; at most {limits.max_headers} are accepted",
+                           {"max_headers": limits.max_headers})  # fmt: skip
         conn.head = _parse_framing(bytes(buf[line_end + 1 : m.end()]), m.end(), limits, version)
         conn.continue_sent = False
     head_end, body_len, force_close, _expect = conn.head

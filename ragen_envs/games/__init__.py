@@ -37,6 +37,10 @@ class GameEntry:
     env: type[GameEnv]
     env_id: str
     api: str  # "aec" or "parallel"
+    strongest: str
+    """The strongest of its fixed opponents, which reference players (the leaderboard's oracle, ``ragen-demo``) put
+    in a seat: perfect play for TicTacToe; rule-based players for the others, strong but not optimal, and
+    tit-for-tat for the Prisoner's Dilemma, which is not a best response to every opponent."""
 
     @property
     def opponents(self) -> dict[str, type[Opponent]]:
@@ -46,10 +50,11 @@ class GameEntry:
 
 #: Game name -> :class:`GameEntry`; the names are what :func:`aec_env` / :func:`parallel_env` take.
 GAMES: dict[str, GameEntry] = {
-    "tictactoe": GameEntry(TicTacToe, TicTacToeEnv, "ragen/TicTacToe-v0", "aec"),
-    "connect_four": GameEntry(ConnectFour, ConnectFourEnv, "ragen/ConnectFour-v0", "aec"),
-    "prisoners_dilemma": GameEntry(PrisonersDilemma, PrisonersDilemmaEnv, "ragen/PrisonersDilemma-v0", "parallel"),
-    "negotiation": GameEntry(Negotiation, NegotiationEnv, "ragen/Negotiation-v0", "aec"),
+    "tictactoe": GameEntry(TicTacToe, TicTacToeEnv, "ragen/TicTacToe-v0", "aec", "perfect"),
+    "connect_four": GameEntry(ConnectFour, ConnectFourEnv, "ragen/ConnectFour-v0", "aec", "rule"),
+    "prisoners_dilemma": GameEntry(PrisonersDilemma, PrisonersDilemmaEnv, "ragen/PrisonersDilemma-v0", "parallel",
+                                   "tit_for_tat"),
+    "negotiation": GameEntry(Negotiation, NegotiationEnv, "ragen/Negotiation-v0", "aec", "rule"),
 }
 
 #: Game name -> its opponents' names (what ``opponent=`` accepts besides an :class:`Opponent` instance).

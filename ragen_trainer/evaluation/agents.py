@@ -28,6 +28,7 @@ from ragen_envs.driver import AgentReply, Episode
 from ragen_envs.frozen_lake import ACTIONS as FL_ACTIONS
 from ragen_envs.frozen_lake import reach_values as frozen_lake_values
 from ragen_envs.frozen_lake import transition_model as frozen_lake_model
+from ragen_envs.games import GAMES
 from ragen_envs.protocol import find_protocol  # noqa: F401  (re-exported for agents' authors)
 from ragen_trainer.evaluation.metrics import env_family
 
@@ -262,11 +263,9 @@ def _oracle_webshop(ctx: TurnContext) -> tuple[str, list[str]]:
 
 
 #: Env family -> oracle policy ``ctx -> (think, actions)``.
-#: Game env family -> the fixed opponent the oracle plays the agent's seat with: the strongest the game has (perfect
-#: play for TicTacToe; rule-based players for the others, which are strong but not optimal, and tit-for-tat for the
-#: Prisoner's Dilemma, which is not a best response to every opponent).
-GAME_ORACLE_OPPONENTS: dict[str, str] = {"TicTacToe": "perfect", "ConnectFour": "rule", "PrisonersDilemma": "tit_for_tat",
-                                         "Negotiation": "rule"}  # fmt: skip
+#: Game env family -> the fixed opponent the oracle plays the agent's seat with: the strongest the game has
+#: (:attr:`ragen_envs.games.GameEntry.strongest`).
+GAME_ORACLE_OPPONENTS: dict[str, str] = {env_family(entry.env_id): entry.strongest for entry in GAMES.values()}
 
 
 def _oracle_game(ctx: TurnContext) -> tuple[str, list[str]]:
@@ -490,7 +489,10 @@ class ModelAgent(Agent):
         if engine == "vllm":
             from ragen_trainer.engines import VLLMEngine
 
-            kwargs.setdefault("gpu_memory_utilization", 0.85)  # evaluation only: no trainer shares the GPU
+            import torch
+
+            if torch.cuda.is_available():  # on a CPU vLLM reads it as a share of the RAM: its own default stays
+                kwargs.setdefault("gpu_memory_utilization", 0.85)  # evaluation only: no trainer shares the GPU
             built = VLLMEngine(source, **kwargs)
         else:
             from ragen_trainer.engines.hf import HFEngine

@@ -12,17 +12,32 @@ runs them without the trainer's CLI::
 Bad result files (not JSON, not a result, failing the result schema) are reported with the file, the field and what is
 wrong: ``eval --rescore FILE`` and ``leaderboard FILE`` (one file) exit 2; ``leaderboard`` given a folder or several
 files skips them with a warning and builds the board from the others (exit 2 only when none is left).
+
+``eval`` exits 0, or 2 for bad arguments, 1 when most episodes failed on the engine (a model endpoint that failed the
+requests: the result is written, marked ``engine_failed``, and the leaderboard does not rank it), 130 after Ctrl-C.
+Ctrl-C stops within a second or so even while requests hang (they are aborted) and keeps the envs that finished in
+``OUTPUT.partial`` (running the same command again resumes after them); a second Ctrl-C exits at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+#: Exit statuses of ``eval`` besides 0 and 2 (bad arguments or files): most episodes failed on the engine (a model
+#: endpoint down); interrupted by Ctrl-C (the finished envs kept for the next run).
+EXIT_ENGINE_FAILED = 1
+EXIT_INTERRUPTED = 130
 
 EVAL_DESCRIPTION = "Evaluate an agent (a model or a reference agent) on a seed-pinned suite; write one JSON result."
 LEADERBOARD_DESCRIPTION = "Merge result files into a Markdown table and a self-contained HTML leaderboard."
@@ -49,6 +64,18 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                              "the prefix itself")  # fmt: skip
     parser.add_argument("--api-key", default=None,
                         help="API key for --engine openai (default: the OPENAI_API_KEY environment variable)")
+    parser.add_argument("--request-timeout", type=float, default=None, metavar="SECONDS",
+                        help="with --engine openai: seconds one request may take in all, from connecting to the "
+                             "answer's last byte (not per read; default 120)")  # fmt: skip
+    parser.add_argument("--max-retries", type=int, default=None, metavar="N",
+                        help="with --engine openai: retries of a request after a transient failure (5xx, 429, a "
+                             "reset or cut connection, the timeout; default 3)")  # fmt: skip
+    parser.add_argument("--retry-backoff", type=float, default=None, metavar="SECONDS",
+                        help="with --engine openai: wait before the first retry, doubled for each next one up to 30 s "
+                             "or the server's Retry-After (default 1)")  # fmt: skip
+    parser.add_argument("--give-up-after", type=int, default=None, metavar="N",
+                        help="with --engine openai: after N replies in a row failed, fail the remaining requests "
+                             "without sending them (the endpoint is down; default 8, 0 = never)")  # fmt: skip
     parser.add_argument("--device", default="auto", help="device for the hf engine: auto, cpu, cuda, cuda:N")
     parser.add_argument("--dtype", default="auto", help="weights dtype for the hf engine: auto, float32, bfloat16")
     parser.add_argument("--batch-size", type=int, default=16, help="episodes played (and generated) at once")
@@ -115,7 +142,58 @@ def _build_agent(args: argparse.Namespace) -> Any:
         base_url=args.base_url,
         api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
         prepend=getattr(args, "prepend", None),
+        engine_kwargs=request_policy(args),
     )
+
+
+#: ``eval`` flag -> (OpenAIEngine argument, check, what is accepted).
+_REQUEST_FLAGS: dict[str, tuple[str, Any, str]] = {
+    "request_timeout": ("timeout", lambda v: math.isfinite(v) and v > 0, "a number of seconds > 0"),
+    "max_retries": ("max_retries", lambda v: v >= 0, "an int >= 0"),
+    "retry_backoff": ("backoff", lambda v: math.isfinite(v) and v >= 0, "a number of seconds >= 0"),
+    "give_up_after": ("give_up_after", lambda v: v >= 0, "an int >= 0 (0 = never)"),
+}
+
+
+def request_policy(args: argparse.Namespace) -> dict[str, Any]:
+    """The OpenAIEngine arguments of ``--request-timeout``, ``--max-retries``, ``--retry-backoff`` and
+    ``--give-up-after`` (those given); ``ValueError`` naming the flag for a bad value or a non-openai engine."""
+    out: dict[str, Any] = {}
+    for flag, (name, ok, accepted) in _REQUEST_FLAGS.items():
+        value = getattr(args, flag, None)
+        if value is None:
+            continue
+        option = "--" + flag.replace("_", "-")
+        if args.agent != "model" or args.engine != "openai":
+            raise ValueError(f"invalid argument {option}={value}: only with --engine openai (a model endpoint)")
+        if not ok(value):
+            raise ValueError(f"invalid argument {option}={value}: expected {accepted}")
+        out[name] = value
+    return out
+
+
+@contextlib.contextmanager
+def second_interrupt_exits(note: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C raises ``KeyboardInterrupt`` as usual (the run stops and keeps what finished); a second Ctrl-C while
+    the first is being handled prints ``note()`` and exits at once with status 130, whatever is still running.
+    Outside the main thread (where signals cannot be handled) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed = []
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        pressed.append(signum)
+        if len(pressed) > 1:
+            os.write(2, f"\ninterrupted again: stopping now. {note()}\n".encode("utf-8", errors="replace"))
+            os._exit(EXIT_INTERRUPTED)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def protocol_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -164,6 +242,7 @@ def run_eval(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
+        request_policy(args)  # bad values, or flags for another engine, before any model loads
         agent = _build_agent(args)
     except (ValueError, OSError, ImportError) as exc:
         print(f"error: cannot build the agent: {exc}", file=sys.stderr)
@@ -171,26 +250,48 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.agent != "model" and args.name:
         agent.name = args.name
     output = Path(args.output or f"results/{_slug(agent.name)}__{_slug(suite.suite_id)}.json")
+    # Finished envs are kept next to the output, so an interrupted run resumes where it stopped.
+    checkpoint = output.with_name(output.name + ".partial")
     print(f"evaluating {agent.name} on {suite.suite_id} (hash {suite.hash}): {len(suite.envs)} envs, "
           f"{suite.num_episodes} episodes", file=sys.stderr)  # fmt: skip
-    try:
-        # Finished envs are kept next to the output, so an interrupted run resumes where it stopped.
-        checkpoint = output.with_name(output.name + ".partial")
-        # The result is written (atomically, schema-checked) before the checkpoint is removed.
-        result = run_suite(suite, agent, batch_size=args.batch_size, progress=not args.no_progress,
-                           checkpoint=checkpoint, output=output)  # fmt: skip
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    finally:
-        agent.close()
+    with second_interrupt_exits(lambda: _kept_note(checkpoint)):
+        try:
+            # The result is written (atomically, schema-checked) before the checkpoint is removed.
+            result = run_suite(suite, agent, batch_size=args.batch_size, progress=not args.no_progress,
+                               checkpoint=checkpoint, output=output)  # fmt: skip
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: {_kept_note(checkpoint)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        finally:
+            agent.close()
     print("\n".join(summary_lines(result)))
+    overall = result["summary"]["overall"]
     errors = sum(s["errors"] for s in result["summary"]["envs"].values())
     if errors:
         first = next(e["error"] for e in result["episodes"] if e.get("error"))
         print(f"warning: {errors} episode(s) ended with an error; the first:\n{first}", file=sys.stderr)
     print(f"result written to {output} ({result['timings']['wall_seconds']:.1f} s)")
+    if overall.get("engine_errors") and not overall.get("engine_failed"):
+        again = f" {_kept_note(checkpoint)}" if checkpoint.is_file() else ""
+        print(f"warning: {overall['engine_errors']} of {overall['episodes']} episodes failed on the engine (the model "
+              f"endpoint), not on the model, and count as unsuccessful.{again}", file=sys.stderr)  # fmt: skip
+    if overall.get("engine_failed"):
+        print(f"error: {overall['engine_errors']} of {overall['episodes']} episodes failed on the engine (the model "
+              f"endpoint failed the requests), not on the model: the result is marked engine_failed and the "
+              f"leaderboard does not rank it. {_kept_note(checkpoint)}", file=sys.stderr)  # fmt: skip
+        return EXIT_ENGINE_FAILED
     return 0
+
+
+def _kept_note(checkpoint: Path) -> str:
+    """What an interrupted or failed run leaves for the next one."""
+    if checkpoint.is_file():
+        return (f"the envs that finished are kept in {checkpoint}; run the same command again to resume after "
+                "them")
+    return "no env had finished, nothing is kept; run the same command again to start over"
 
 
 def _expand(paths: list[str]) -> list[Path]:

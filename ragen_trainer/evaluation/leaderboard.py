@@ -29,6 +29,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,17 +91,25 @@ def build_board(results: Sequence[dict[str, Any]], paths: Sequence[str] | None =
     A model's table is its suite's (id and hash) and its ``generation_hash`` (``None`` for a file written before it
     existed); reference agents (``kind`` other than ``"model"``) are put in every table of their suite. Results should
     come from :func:`load_results` (schema-checked); as a last guard, a result whose score is not a finite number in
-    [0, 100] (a NaN never ranks first, nor at all) is left out with a :class:`ResultFileWarning`.
+    [0, 100] (a NaN never ranks first, nor at all) is left out with a :class:`ResultFileWarning`, and so is a result
+    most of whose episodes failed on the engine (``summary.overall.engine_failed``: a failed endpoint, not a model).
     """
     paths = list(paths or [f"result-{i}" for i in range(len(results))])
     labels = _label_runs(results, paths)
     groups: dict[tuple[str, str, str | None], dict[str, Any]] = {}
     references: list[tuple[tuple[str, str], dict[str, Any], dict[str, Any]]] = []
     for result, label, path in zip(results, labels, paths):
-        score = result["summary"]["overall"].get("score")
+        overall = result["summary"]["overall"]
+        score = overall.get("score")
         if not _rankable_score(score):
             warnings.warn(f"skipped result {str(path)!r}: summary.overall.score: {score!r} is not a finite number in "
                           "[0, 100]", ResultFileWarning, stacklevel=2)  # fmt: skip
+            continue
+        if overall.get("engine_failed"):
+            warnings.warn(f"skipped result {str(path)!r}: {overall.get('engine_errors')} of {overall.get('episodes')} "
+                          "episodes failed on the engine (the model endpoint failed the requests), so its score is "
+                          "not the model's; evaluate again once the endpoint answers", ResultFileWarning,
+                          stacklevel=2)  # fmt: skip
             continue
         suite, agent, summary = result["suite"], result["agent"], result["summary"]
         row = {"label": label, "path": str(path), "agent": agent, "overall": summary["overall"],
@@ -165,6 +174,26 @@ def load_valid_results(
 
 
 # ------------------------------------------------------------------------------------------------------ markdown
+#: Characters that change the structure of a Markdown table or line: a cell's end, inline HTML, links, code, emphasis.
+_MARKDOWN_SPECIAL = re.compile(r"([\\`*\[\]<>|])")
+
+
+def markdown_text(value: Any) -> str:
+    """``value`` as literal Markdown text on one line: line breaks become spaces and the characters that would end a
+    table cell (``|``), open HTML (``<``), a link, code or emphasis are backslash-escaped (CommonMark), so a name from
+    a result file is shown as written and can never add a row, a column or markup."""
+    return _MARKDOWN_SPECIAL.sub(r"\\\1", " ".join(str(value).splitlines()))
+
+
+def markdown_code(value: Any) -> str:
+    """``value`` as a Markdown code span on one line (its fence longer than any run of backticks inside it)."""
+    text = " ".join(str(value).splitlines())
+    runs = [len(m) for m in re.findall(r"`+", text)]
+    fence = "`" * (max(runs, default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _pct(value: float | None, se: float | None = None, scale: float = 100.0) -> str:
     if value is None:
         return "-"
@@ -218,16 +247,16 @@ def markdown_table(board: list[dict[str, Any]]) -> str:
     out: list[str] = []
     for group in board:
         suite = group["suite"]
-        tail = f", generation `{group['generation_hash']}`" if group.get("generation_hash") else ""
-        out.append(f"### Suite `{suite['id']}` (hash `{suite['hash']}`{tail})\n")
-        out.append(protocol_summary(suite) + "\n")
-        out.append(generation_summary(group) + "\n")
-        head = ["#", "agent", "kind", "score", "partial"] + group["envs"] + ["episodes"]
+        tail = f", generation {markdown_code(group['generation_hash'])}" if group.get("generation_hash") else ""
+        out.append(f"### Suite {markdown_code(suite['id'])} (hash {markdown_code(suite['hash'])}{tail})\n")
+        out.append(markdown_text(protocol_summary(suite)) + "\n")
+        out.append(markdown_text(generation_summary(group)) + "\n")
+        head = ["#", "agent", "kind", "score", "partial"] + [markdown_text(e) for e in group["envs"]] + ["episodes"]
         out.append("| " + " | ".join(head) + " |")
         out.append("|" + "|".join(["---:", ":---", ":---", "---:", "---:"] + ["---:"] * len(group["envs"]) + ["---:"]) + "|")
         for rank, row in enumerate(group["rows"], 1):
             overall = row["overall"]
-            cells = [str(rank), row["label"], str(row["agent"].get("kind", "")),
+            cells = [str(rank), markdown_text(row["label"]), markdown_text(row["agent"].get("kind", "")),
                      _pct(overall["score"], overall.get("score_se"), 1.0), _pct(overall.get("partial"), None, 1.0)]  # fmt: skip
             for env in group["envs"]:
                 s = row["envs"].get(env)
@@ -238,17 +267,17 @@ def markdown_table(board: list[dict[str, Any]]) -> str:
         out.append(
             "\nscore: mean success % over the envs (± standard error); partial: mean partial credit % (WebShop "
             "reward, Sokoban boxes on targets), never counted as success."
-            + (f" Generalisation splits: {', '.join(general)}." if general else "")
+            + (f" Generalisation splits: {markdown_text(', '.join(general))}." if general else "")
             + "\n"
         )
         words, games = game_rows(group)
         if games:
             out.append(GAMES_NOTE + "\n")
             head = ["agent", "env", "opponent", "seat", *(f"{w} %" for w in words), "score %", "no outcome"]
-            out.append("| " + " | ".join(head) + " |")
+            out.append("| " + " | ".join(markdown_text(h) for h in head) + " |")
             out.append("|" + "|".join([":---"] * 4 + ["---:"] * (len(head) - 4)) + "|")
             for game in games:
-                out.append("| " + " | ".join(_game_cells(game, words)) + " |")
+                out.append("| " + " | ".join(markdown_text(c) for c in _game_cells(game, words)) + " |")
             out.append("")
     return "\n".join(out)
 

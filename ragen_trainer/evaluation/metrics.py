@@ -28,6 +28,10 @@ Definitions (also in ``docs/leaderboard.md``)
   env error) counts as the game's worst word (a loss, no deal) -- only the game itself can report a win -- and
   ``no_outcome`` says how many did. ``mean_score`` (± ``mean_score_se``) is the mean of the game's own ``score`` of
   the seat after the last turn (the sum of its game rewards, format penalties excluded; 0 without a turn).
+* **engine errors**: episodes whose reply the engine could not produce (``error_kind == "engine"``: a model endpoint
+  that failed the request after its retries, or answered no completion). They count as unsuccessful like any episode,
+  ``engine_errors`` counts them per env and overall, and a result where they are more than
+  :data:`ENGINE_FAILED_SHARE` of the episodes is ``engine_failed``: its score measures the endpoint, not the model.
 """
 
 from __future__ import annotations
@@ -39,6 +43,9 @@ from typing import Any
 import numpy as np
 
 from ragen_envs.games import GAMES
+
+#: Above this share of episodes failed by the engine, a result is ``engine_failed`` (not a model's score).
+ENGINE_FAILED_SHARE = 0.5
 
 
 # ---------------------------------------------------------------------------------------------------- estimators
@@ -256,6 +263,7 @@ def summarize_env(episodes: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_reply_tokens": float(np.mean(reply_tokens)) if reply_tokens else None,
         "mean_think_words": float(np.mean([_think_words(t) for t in turns])) if turns else None,
         "errors": sum(1 for e in episodes if e.get("error")),
+        "engine_errors": sum(1 for e in episodes if e.get("error_kind") == "engine"),
     }
     words = game_outcomes(episodes[0].get("env_id", "")) if episodes else None
     if words:  # only game envs: the summaries of every other env keep exactly their keys
@@ -289,6 +297,13 @@ def summarize(episodes: Iterable[dict[str, Any]], env_order: Sequence[str] | Non
         else None,
         "envs": len(envs),
         "episodes": sum(s["episodes"] for s in envs.values()),
+        "engine_errors": sum(s["engine_errors"] for s in envs.values()),
         "definition": "unweighted mean over envs of the success rate, in percent; se = sqrt(sum se_i^2) / n_envs",
     }
+    overall["engine_failed"] = engine_failed(overall["engine_errors"], overall["episodes"])
     return {"envs": envs, "overall": overall}
+
+
+def engine_failed(engine_errors: int, episodes: int) -> bool:
+    """More than :data:`ENGINE_FAILED_SHARE` of the episodes failed on the engine (see the module docstring)."""
+    return episodes > 0 and engine_errors > ENGINE_FAILED_SHARE * episodes

@@ -27,7 +27,15 @@ An episode record: ``env, env_id, state_index, seed, rollout, system_prompt, obs
 viewer replays them), ``turns``
 (``reply, reply_tokens, think, actions, reward, reward_parts, format_ok, action_is_valid, invalid_actions,
 dropped_actions, success, reason, observation, info_extra``), ``success, reward, terminated, truncated, final_view,
-error``. Success is the env's own flag after the last turn, never inferred from the reward.
+error`` and, for an episode whose reply the engine could not produce (a model endpoint that failed the request:
+``ragen_trainer.engines.base.ENGINE_FAILURE``), ``error_kind: "engine"``. Success is the env's own flag after the last
+turn, never inferred from the reward.
+
+Engine failures. Such episodes count as unsuccessful, and the summary counts them (``engine_errors`` per env and
+overall); a result where they are more than half of the episodes is ``engine_failed``
+(:func:`ragen_trainer.evaluation.metrics.summarize`): a failed endpoint, not a model's score, which the leaderboard
+does not rank. An env most of whose episodes failed on the engine is not kept in the checkpoint, so running the same
+command again plays it again.
 """
 
 from __future__ import annotations
@@ -47,8 +55,9 @@ import numpy as np
 import ragen_envs
 from ragen_envs.driver import EnvSlots, Episode, EpisodeJob, Turn, env_extras, play_episodes
 from ragen_envs.games.view import GameEnv
+from ragen_trainer.engines.base import ENGINE_FAILURE
 from ragen_trainer.evaluation.agents import Agent
-from ragen_trainer.evaluation.metrics import outcome_rates, summarize
+from ragen_trainer.evaluation.metrics import engine_failed, outcome_rates, summarize
 from ragen_trainer.evaluation.schema import (
     CHECKPOINT_FORMAT,
     RESULT_FORMAT,
@@ -152,9 +161,12 @@ def _turn_record(turn: Turn, state: str | None) -> dict[str, Any]:
 def _episode_record(entry: SuiteEnv, episode: Episode, states: list[str | None], initial: str | None,
                     final_view: Any) -> dict[str, Any]:
     """The result file's record of one played episode (see the module docstring)."""
-    error = episode.error
+    error, kind = episode.error, None
     if error is None and episode.end_reason is not None:
-        error = f"ended by the agent: {episode.end_reason}"
+        if episode.end_reason.startswith(ENGINE_FAILURE + ":"):  # the endpoint failed the reply, not the model
+            error, kind = episode.end_reason, "engine"
+        else:
+            error = f"ended by the agent: {episode.end_reason}"
     return {
         "env": entry.name,
         "env_id": entry.env_id,
@@ -172,6 +184,7 @@ def _episode_record(entry: SuiteEnv, episode: Episode, states: list[str | None],
         "truncated": episode.truncated,
         "final_view": final_view,
         "error": error,
+        **({"error_kind": kind} if kind is not None else {}),
     }
 
 
@@ -227,10 +240,10 @@ def run_env(
 def _load_checkpoint(path: Path | None, suite: Suite, identity: dict[str, Any]) -> dict[str, Any] | None:
     """The finished envs of an interrupted run of the same suite (hash) and agent (identity), if any; a checkpoint
     that fails its schema is ignored with a warning (the run starts afresh and overwrites it)."""
-    if path is None or not path.is_file():
+    if path is None or not (path.exists() or path.is_symlink()):
         return None
     try:
-        data = read_json(path, "checkpoint")
+        data = read_json(path, "checkpoint")  # a FIFO or a device is refused by its type, unread
         problems = validate_checkpoint(data)
         if problems:
             raise ResultFileError(path, problems, "checkpoint")
@@ -255,8 +268,10 @@ def run_suite(
 
     With ``checkpoint``, the episodes of each finished env are saved there, and a later run of the same suite and
     agent resumes after the last finished env (every env's episodes depend only on the suite and the agent, so the
-    result is the same as an uninterrupted run's); the file is removed when the run completes. With ``output``, the
-    result is saved there (:func:`save_result`) before the checkpoint is removed, so no crash loses both.
+    result is the same as an uninterrupted run's); the file is removed when the run completes, unless an env was
+    mostly failed by the engine (a model endpoint down): such an env is never kept in the checkpoint, which then stays
+    for the next run to resume after the envs that did play. With ``output``, the result is saved there
+    (:func:`save_result`) before the checkpoint is removed, so no crash loses both.
     """
     if not (isinstance(batch_size, int) and batch_size >= 1):
         raise ValueError(f"invalid argument batch_size={batch_size!r}: expected an int >= 1")
@@ -270,6 +285,7 @@ def run_suite(
     episodes: list[dict[str, Any]] = [e for e in resumed["episodes"] if e["env"] in done_envs] if resumed else []
     if resumed:
         print(f"resuming from {checkpoint_path}: {sorted(done_envs)} already done", file=sys.stderr)
+    failed_envs: set[str] = set()  # envs the engine mostly failed: kept out of the checkpoint
     bar = tqdm(total=suite.num_episodes, desc=f"{agent.identity().get('name')} on {suite.suite_id}", unit="ep",
                disable=not progress, file=sys.stderr, dynamic_ncols=True, initial=len(episodes))  # fmt: skip
     try:
@@ -278,11 +294,19 @@ def run_suite(
                 continue
             bar.set_postfix_str(entry.name)
             t0 = time.perf_counter()
-            episodes.extend(run_env(entry, agent, batch_size=batch_size, progress=bar))
+            played = run_env(entry, agent, batch_size=batch_size, progress=bar)
+            episodes.extend(played)
             env_seconds[entry.name] = round(time.perf_counter() - t0, 3)
-            if checkpoint_path is not None:
+            failed = [e for e in played if e.get("error_kind") == "engine"]
+            if engine_failed(len(failed), len(played)):  # kept out of the checkpoint: the next run plays it again
+                failed_envs.add(entry.name)
+                print(f"\nwarning: {len(failed)} of {len(played)} episodes of {entry.name} failed on the engine, not "
+                      f"on the model; the first: {failed[0]['error']}", file=sys.stderr)  # fmt: skip
+            elif checkpoint_path is not None:
                 save_result({"format": CHECKPOINT_FORMAT, "suite_hash": suite.hash, "agent": agent.identity(),
-                             "env_seconds": env_seconds, "episodes": episodes}, checkpoint_path)  # fmt: skip
+                             "env_seconds": {k: v for k, v in env_seconds.items() if k not in failed_envs},
+                             "episodes": [e for e in episodes if e["env"] not in failed_envs]},
+                            checkpoint_path)  # fmt: skip
     finally:
         bar.close()
     order = {e.name: i for i, e in enumerate(suite.envs)}
@@ -316,8 +340,8 @@ def run_suite(
     }
     if output is not None:
         save_result(result, output)
-    if checkpoint_path is not None and checkpoint_path.is_file():
-        checkpoint_path.unlink()
+    if checkpoint_path is not None and checkpoint_path.is_file() and not failed_envs:
+        checkpoint_path.unlink()  # else it keeps the envs that did play, for the next run to resume after
     return result
 
 

@@ -36,6 +36,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
+from ragen_trainer.fileio import BoundedReadError, read_text_bounded
+
 RESULT_FORMAT = "ragen-eval-result"
 RESULT_FORMAT_VERSION = 1
 CHECKPOINT_FORMAT = "ragen-eval-checkpoint"
@@ -46,6 +48,8 @@ MAX_COUNT = 2**53
 MAX_SEED = 2**63 - 1
 #: Relative and absolute tolerance of the consistency checks (the writer's own arithmetic, JSON round trip exact).
 TOLERANCE = 1e-9
+#: Largest result or checkpoint file read (the full paper-v2 suite's result of a model is some tens of MB).
+MAX_FILE_BYTES = 256 * 1024 * 1024
 #: At most this many problems are kept per file (a file broken everywhere would otherwise give thousands).
 MAX_PROBLEMS = 20
 
@@ -166,6 +170,7 @@ class EpisodeRecord(_Record):
     truncated: bool = False
     final_view: Json = None
     error: str | None = None
+    error_kind: Literal["engine"] | None = None
 
     @model_validator(mode="after")
     def _matches_its_turns(self, info: ValidationInfo) -> EpisodeRecord:
@@ -179,6 +184,8 @@ class EpisodeRecord(_Record):
         total = float(sum(t.reward for t in self.turns))
         if not _close(self.reward, total):
             problems.append(_problem(["reward"], f"{self.reward!r} is not the sum of its turn rewards ({total!r})"))
+        if self.error_kind is not None and not self.error:
+            problems.append(_problem(["error_kind"], f"{self.error_kind!r} but the episode has no error"))
         _raise(problems)
         return self
 
@@ -202,6 +209,7 @@ class EnvSummary(_Record):
     mean_reply_tokens: NonNegative | None = None
     mean_think_words: NonNegative | None = None
     errors: Count = 0
+    engine_errors: Count | None = None
     pass_at_k: dict[str, Rate] | None = None
     # Game envs only (metrics.GAME_OUTCOMES): one rate per outcome word of the game, the game's mean score.
     win_rate: Rate | None = None
@@ -227,6 +235,9 @@ class EnvSummary(_Record):
             problems.append(_problem(["states"], f"{self.states} states but only {self.episodes} episodes"))
         if self.errors > self.episodes:
             problems.append(_problem(["errors"], f"{self.errors} errors but only {self.episodes} episodes"))
+        if self.engine_errors is not None and self.engine_errors > self.errors:
+            problems.append(_problem(["engine_errors"], f"{self.engine_errors} engine errors but only {self.errors} "
+                                                        "errors"))  # fmt: skip
         if self.no_outcome is not None and self.no_outcome > self.episodes:
             problems.append(_problem(["no_outcome"], f"{self.no_outcome} but only {self.episodes} episodes"))
         problems.extend(self._outcome_problems())
@@ -265,6 +276,8 @@ class OverallSummary(_Record):
     partial: Percent | None = None
     partial_se: Percent | None = None
     definition: str | None = None
+    engine_errors: Count | None = None
+    engine_failed: bool | None = None
 
 
 class Summary(_Record):
@@ -604,13 +617,17 @@ def validate_checkpoint(data: Any) -> list[tuple[str, str]]:
     return []
 
 
-def read_json(path: str | Path, what: str = "result file") -> Any:
-    """Parse a JSON file; :class:`ResultFileError` when it is missing, unreadable, not UTF-8 or not JSON."""
+def read_json(path: str | Path, what: str = "result file", max_bytes: int = MAX_FILE_BYTES) -> Any:
+    """Parse a JSON file; :class:`ResultFileError` when it is missing, unreadable, not a regular file (a FIFO, a
+    device such as ``/dev/zero`` behind a symbolic link), larger than ``max_bytes``, not UTF-8 or not JSON."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_bounded(path, max_bytes, what)
     except FileNotFoundError:
         raise ResultFileError(path, [("", "the file does not exist")], what) from None
+    except BoundedReadError as exc:
+        reason = str(exc).split(f"{str(path)!r} ", 1)[-1]
+        raise ResultFileError(path, [("", reason)], what) from None
     except UnicodeDecodeError as exc:
         raise ResultFileError(path, [("", f"not UTF-8 text ({exc.reason} at byte {exc.start})")], what) from None
     except OSError as exc:
@@ -630,6 +647,7 @@ def read_json(path: str | Path, what: str = "result file") -> Any:
 
 __all__ = [
     "CHECKPOINT_FORMAT",
+    "MAX_FILE_BYTES",
     "RESULT_FORMAT",
     "RESULT_FORMAT_VERSION",
     "CheckpointFile",

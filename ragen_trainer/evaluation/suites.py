@@ -39,11 +39,14 @@ from typing import Any
 
 from ragen_envs.registration import reference_settings
 from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+from ragen_trainer.fileio import read_text_bounded
 
 #: Decoding settings a suite pins; the model agent reads exactly these.
 DECODING_KEYS: tuple[str, ...] = ("temperature", "top_p", "max_new_tokens", "seed")
 DEFAULT_DECODING: dict[str, Any] = {"temperature": 0.5, "top_p": 1.0, "max_new_tokens": 400, "seed": 0}
 
+#: Largest suite file read (the bundled ones are a few KB; a suite lists seeds, not episodes).
+MAX_SUITE_BYTES = 16 * 1024 * 1024
 #: Where the suites shipped with the repository live (``benchmarks/suites`` next to the packages).
 SUITES_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "suites"
 
@@ -319,13 +322,19 @@ def available_suites(directory: Path | None = None) -> list[str]:
 def load_suite(name_or_path: str | Path) -> Suite:
     """Load a suite by id (``"paper-v2"``), by name (``"paper"``: its highest version) or from a JSON file path."""
     path = Path(name_or_path)
-    if path.suffix == ".json" or path.is_file():
-        if not path.is_file():
+    if path.suffix == ".json" or (path.exists() and not path.is_dir()):
+        if not path.exists():
             raise ValueError(f"suite file {str(path)!r} does not exist")
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(read_text_bounded(path, MAX_SUITE_BYTES, "suite file"))
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"suite file {str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        except OSError as exc:
+            raise ValueError(f"suite file {str(path)!r} cannot be read ({exc.strerror or exc})") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"suite file {str(path)!r} is not valid JSON: {exc}") from exc
+        except RecursionError:
+            raise ValueError(f"suite file {str(path)!r} is not valid JSON for ragen: nested too deeply") from None
         return suite_from_dict(data)
     key = str(name_or_path)
     files = _suite_files()

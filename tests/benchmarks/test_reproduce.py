@@ -1,6 +1,8 @@
-"""``benchmarks/reproduce.py`` without training: every run of every experiment is a valid trainer config that builds
-its env, each run's own settings win over the command line's, each experiment has its own defaults, and the JSON and
-PNG hold the experiment's own curves (the training itself is replaced by fixed metric rows)."""
+"""``benchmarks/reproduce.py`` without training: every run of every experiment is a valid config that builds its env
+at both scales, the runs of one experiment differ in exactly the settings the experiment varies, the designs follow
+``train_all.sh`` (action budget scaled with the per-turn cap, online-k with k times the groups and k updates), the
+GPU-hour plan prints for the whole set, and the JSON and PNG hold the experiment's own curves (training replaced by
+fixed metric rows)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,12 @@ import gymnasium as gym
 import pytest
 
 import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_trainer.config import PRESETS, field_names
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "reproduce.py"
+
+#: Fields that name or place a run rather than say what it trains.
+_IDENTITY = {"output_dir", "preset"}
 
 
 @pytest.fixture(scope="module")
@@ -29,131 +35,175 @@ def reproduce() -> ModuleType:
     return module
 
 
-def _configs(reproduce: ModuleType, argv: list[str], tmp_path: Path) -> dict[str, Any]:
-    """Run name -> validated config, for the experiment and flags of ``argv``."""
-    args = reproduce.parse_args(argv)
-    runs = reproduce.EXPERIMENTS[args.experiment].runs(args)
-    return {run.name: reproduce.run_config(run, args, tmp_path / run.name) for run in runs}
+def _flat(cfg: Any) -> dict[str, Any]:
+    """The config as ``field`` / ``protocol.setting`` -> value, the protocol resolved."""
+    data = cfg.to_dict()
+    out = {k: v for k, v in data.items() if k != "protocol"}
+    out.update({f"protocol.{k}": v for k, v in cfg.protocol_settings().to_dict().items()})
+    return out
 
 
-def _wrapper(env: gym.Env, name: str) -> Any:
-    """The reward wrapper whose part is ``name`` in ``env``'s chain, or ``None``."""
-    while env is not None:
-        if getattr(env, "name", None) == name and hasattr(env, "weight"):
-            return env
-        env = getattr(env, "env", None)
-    return None
+@pytest.mark.parametrize("scale", ["paper", "cpu"])
+def test_every_run_is_a_valid_config_that_builds_its_env(reproduce, scale, tmp_path):
+    for experiment in reproduce.EXPERIMENTS.values():
+        runs = experiment.runs()
+        assert runs and len({r.key for r in runs}) == len(runs), experiment.name
+        for run in runs:
+            assert run.preset in PRESETS and run.source, run.key
+            cfg = reproduce.run_config(run, scale, tmp_path)
+            assert cfg.reference == "paper" and cfg.output_dir == str(tmp_path / scale / run.key)
+            env = gym.make(cfg.env_id, **cfg.env_make_kwargs())
+            env.reset(seed=0)
+            env.close()
+            for split in run.splits:
+                assert split in reproduce.SPLITS
 
 
-@pytest.mark.parametrize("experiment", ["echo-trap", "reasoning", "rollout-shape"])
-def test_every_run_is_a_valid_config_that_builds_its_env(reproduce, experiment, tmp_path):
-    args = reproduce.parse_args([experiment])
-    runs = reproduce.EXPERIMENTS[experiment].runs(args)
-    assert runs and len({r.name for r in runs}) == len(runs)
-    for name, cfg in _configs(reproduce, [experiment], tmp_path).items():
-        assert cfg.env_id == reproduce.EXPERIMENTS[experiment].env
-        assert cfg.max_new_tokens == reproduce.EXPERIMENTS[experiment].max_new_tokens
-        assert cfg.seed == 0 and cfg.output_dir == str(tmp_path / name)
-        env = gym.make(cfg.env_id, **cfg.env_make_kwargs())  # reward_wrappers and protocol as the trainer passes them
-        env.reset(seed=0)
-        env.close()
+@pytest.mark.parametrize("name", sorted(["fig5-echo-trap", "fig7-filter", "fig8-kl-cliphigh", "fig9-starpo-s",
+                                         "table2-diversity", "table3-actions", "fig10-online",
+                                         "table4-generalization", "fig11-reasoning-length", "grounding"]))
+def test_runs_of_an_experiment_differ_in_exactly_the_intended_settings(reproduce, name, tmp_path):
+    experiment = reproduce.EXPERIMENTS[name]
+    by_env: dict[str, list[dict[str, Any]]] = {}  # one panel: an env (and a preset, unless the preset varies)
+    for run in experiment.runs():
+        panel = run.env if "preset" in experiment.varies else f"{run.env} {run.preset}"
+        by_env.setdefault(panel, []).append(_flat(reproduce.run_config(run, "paper", tmp_path)))
+    allowed = set(experiment.varies) | _IDENTITY
+    for env, configs in by_env.items():
+        differing = {k for k in field_names() + [k for k in configs[0] if k.startswith("protocol.")]
+                     if len({json.dumps(c.get(k), sort_keys=True) for c in configs}) > 1}  # fmt: skip
+        if len(configs) > 1:
+            assert differing & set(experiment.varies), f"{name} on {env}: the runs do not differ"
+        # a preset change brings the preset's own fields along: they must be the preset's
+        if "preset" in experiment.varies:
+            differing -= _preset_fields(configs)
+        assert differing <= allowed, f"{name} on {env}: {sorted(differing - allowed)} differ too"
 
 
-def test_echo_trap_keeps_its_runs_defaults_and_curves(reproduce, tmp_path):
-    configs = _configs(reproduce, ["echo-trap"], tmp_path)
-    assert list(configs) == ["ppo", "grpo", "starpo-s", "ppo-keep-0.75", "ppo-keep-0.5", "ppo-keep-0.25"]
-    assert reproduce.EXPERIMENTS["echo-trap"].env == "ragen/Bandit-v0"
-    assert all(c.max_new_tokens == 8 and c.protocol_settings().enable_think is False for c in configs.values())
-    assert list(reproduce.EXPERIMENTS["echo-trap"].curves) == [
-        "success_rate",
-        "reward/in_group_std",
-        "policy/entropy",
-        "optim/grad_norm",
-        "diversity/unique_reply_share",
-    ]
+def _preset_fields(configs: list[dict[str, Any]]) -> set[str]:
+    """Fields that differ between the presets the configs start from (their preset's doing, not the run's)."""
+    from ragen_trainer.config import preset
+
+    presets = [preset(c["preset"]) for c in configs]
+    flat = [_flat(p) for p in presets]
+    return {k for k in flat[0] if len({json.dumps(f.get(k), sort_keys=True) for f in flat}) > 1}
 
 
-@pytest.mark.parametrize("flag", ["true", "false"])
-def test_reasoning_runs_set_thinking_and_grounding_weight_themselves(reproduce, flag, tmp_path):
-    configs = _configs(reproduce, ["reasoning", "--enable-think", flag], tmp_path)
-    assert list(configs) == ["think-outcome", "think-grounding", "no-think-outcome"]
-    thinking = {name: cfg.protocol_settings().enable_think for name, cfg in configs.items()}
-    assert thinking == {"think-outcome": True, "think-grounding": True, "no-think-outcome": False}  # not the flag
-    weights = {}
-    for name, cfg in configs.items():
-        assert (cfg.filter_ratio, cfg.clip_high, cfg.kl_coef) == (0.25, 0.28, 0.0)  # starpo-s
-        wrapper = _wrapper(gym.make(cfg.env_id, **cfg.env_make_kwargs()), "grounding")
-        assert wrapper is not None, name
-        weights[name] = wrapper.weight
-    assert weights == {"think-outcome": 0.0, "think-grounding": 1.0, "no-think-outcome": 0.0}
+def test_the_action_budget_scales_with_the_per_turn_cap(reproduce, tmp_path):
+    runs = reproduce.EXPERIMENTS["table3-actions"].runs()
+    settings = [reproduce.run_config(r, "paper", tmp_path).protocol_settings() for r in runs]
+    assert [(s.actions_per_turn, s.max_actions_per_episode) for s in settings] == [(k, 5 * k) for k in range(1, 9)]
+    cpu = [reproduce.run_config(r, "cpu", tmp_path).protocol_settings() for r in runs]
+    assert [(s.actions_per_turn, s.max_actions_per_episode) for s in cpu] == [(k, 5 * k) for k in range(1, 9)]
 
 
-def test_rollout_shape_sweeps_actions_per_turn_and_reuses_rollouts_for_the_stale_run(reproduce, tmp_path):
-    configs = _configs(reproduce, ["rollout-shape"], tmp_path)
-    assert list(configs) == [f"actions-{k}" for k in range(1, 8)] + ["stale-3x"]
-    settings = {name: cfg.protocol_settings() for name, cfg in configs.items()}
-    assert [settings[f"actions-{k}"].actions_per_turn for k in range(1, 8)] == list(range(1, 8))
-    assert {s.max_actions_per_episode for s in settings.values()} == {10}  # the episode budget is unchanged
-    fresh, stale = configs["actions-5"], configs["stale-3x"]
-    assert settings["stale-3x"] == settings["actions-5"]
-    assert (fresh.ppo_epochs, stale.ppo_epochs) == (1, 3)
-    # as many update passes, a third of the rollout batches
-    assert stale.total_steps * stale.ppo_epochs == fresh.total_steps * fresh.ppo_epochs == 6  # the default 6 steps
-    assert all(c.filter_ratio == 0.25 for c in configs.values())
-    # thinking follows --enable-think here, and --env / --max-new-tokens override the experiment's defaults
-    other = _configs(reproduce, ["rollout-shape", "--env", "ragen/Sokoban-v0", "--max-new-tokens", "48",
-                                 "--enable-think", "true", "--steps", "2"], tmp_path)  # fmt: skip
-    assert {(c.env_id, c.max_new_tokens, c.protocol_settings().enable_think) for c in other.values()} == {
-        ("ragen/Sokoban-v0", 48, True)
-    }
-    assert other["stale-3x"].total_steps == 1  # never below one step
+def test_online_k_rolls_out_k_times_the_groups_and_makes_k_updates(reproduce, tmp_path):
+    configs = {r.name: reproduce.run_config(r, "paper", tmp_path) for r in reproduce.EXPERIMENTS["fig10-online"].runs()}
+    for k in (1, 2, 5, 10):
+        cfg = configs[f"online-{k}"]
+        assert cfg.env_groups == 8 * k and cfg.group_size == 16 and cfg.filter_ratio == 0.25
+        kept = cfg.kept_groups * cfg.group_size
+        assert kept == 32 * k and kept // cfg.ppo_mini_batch_size == k  # k updates on distinct mini-batches
+        assert cfg.ppo_epochs == 1
+    assert [configs[f"online-{k}"].val_every for k in (1, 2, 5, 10)] == [10, 5, 2, 1]  # every 10 updates
+    assert [configs[f"online-{k}"].total_steps for k in (1, 2, 5, 10)] == [200, 100, 40, 80]  # as train_all.sh
 
 
-def test_run_changes_merge_into_the_scale_setting_by_setting(reproduce):
-    scale = {"protocol": {"enable_think": False, "max_turns": 5}, "env_kwargs": {"size": 4}, "total_steps": 15}
-    changes = {"protocol": {"enable_think": True}, "env_kwargs": {"reward_wrappers": ["grounding"]}, "ppo_epochs": 3}
-    assert reproduce.merged_changes(scale, changes) == {
-        "protocol": {"enable_think": True, "max_turns": 5},
-        "env_kwargs": {"size": 4, "reward_wrappers": ["grounding"]},
-        "total_steps": 15,
-        "ppo_epochs": 3,
-    }
+def test_task_diversity_keeps_128_rollouts_a_step(reproduce, tmp_path):
+    configs = [reproduce.run_config(r, "paper", tmp_path) for r in reproduce.EXPERIMENTS["table2-diversity"].runs()]
+    assert [(c.env_groups, c.group_size) for c in configs] == [(4, 32), (8, 16), (16, 8), (32, 4), (64, 2), (128, 1)]
+    cpu = [reproduce.run_config(r, "cpu", tmp_path) for r in reproduce.EXPERIMENTS["table2-diversity"].runs()]
+    # a fixed CPU budget too, as far as one rollout per state allows (64 x 2 and 128 x 1 become 32 x 1 and 64 x 1)
+    assert len({c.env_groups * c.group_size for c in cpu[:4]}) == 1 and cpu[4].group_size == cpu[5].group_size == 1
+
+
+def test_generalization_runs_use_the_reference_arm_names_and_splits(reproduce, tmp_path):
+    runs = {r.key: r for r in reproduce.EXPERIMENTS["table4-generalization"].runs()}
+    original = reproduce.run_config(runs["bandit/generalization"], "paper", tmp_path)
+    assert original.env_kwargs == {"low_risk_name": "Engineer", "high_risk_name": "Teacher"}
+    assert original.max_new_tokens == 500  # config/_1_bandit.yaml
+    assert runs["bandit/generalization"].splits == ("bandit-test",)
+    assert reproduce.SPLITS["bandit-test"][1] == {"low_risk_name": "Trader", "high_risk_name": "Librarian"}
+    assert runs["bandit/generalization-rev"].splits == ("bandit-rev-test",)
+    nothink = reproduce.run_config(runs["bandit/generalization-nothink"], "paper", tmp_path)
+    assert nothink.protocol_settings().enable_think is False and original.protocol_settings().enable_think is True
+    assert runs["sokoban/generalization"].splits == reproduce.SOKOBAN_SPLITS
+
+
+def test_grounding_is_credited_to_ragen_and_the_rest_to_the_paper(reproduce):
+    credits = {name: e.credit for name, e in reproduce.EXPERIMENTS.items()}
+    assert credits.pop("grounding") == "ragen"
+    assert set(credits.values()) == {"paper"}
+
+
+def test_kl_and_clip_higher_ablations_change_one_setting_of_vanilla_ppo(reproduce, tmp_path):
+    configs = {r.name: reproduce.run_config(r, "paper", tmp_path) for r in reproduce.EXPERIMENTS["fig8-kl-cliphigh"].runs()
+               if r.env == "sokoban"}  # fmt: skip
+    base = configs["ppo"]
+    assert (base.kl_reward_coef, base.kl_coef, base.clip_high, base.filter_ratio) == (0.001, 0.0, 0.2, 1.0)
+    assert configs["ppo-nokl"].kl_reward_coef == 0.0 and configs["ppo-cliphigh"].clip_high == 0.28
+
+
+def test_paper_dry_run_prints_every_run_and_an_estimate(reproduce, tmp_path, capsys):
+    assert reproduce.main(["paper", "--gpus", "4", "--dry-run", "--runs", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    keys = {r.key for _, r in reproduce.paper_runs()}
+    assert all(f"- {key} " in printed for key in keys)
+    assert "GPU-h" in printed and "total:" in printed and "prior: the paper's Figure 7" in printed
+    assert not any(tmp_path.iterdir())  # a dry run trains and writes nothing
+
+
+def test_measured_step_costs_replace_the_prior(reproduce, tmp_path):
+    folder = tmp_path / "paper" / "sokoban" / "ppo"
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text("env_groups: 8\ngroup_size: 16\n")
+    rows = [{"step": s, "time/rollout": 64.0, "time/scoring": 8.0, "time/update": 24.0,
+             "filter/kept_trajectories": 32} for s in range(1, 5)]  # fmt: skip
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    costs = reproduce.measured_costs(tmp_path)
+    assert costs["sokoban"][:2] == (pytest.approx(0.5), pytest.approx(1.0))  # 64 s / 128 rollouts, 32 s / 32 kept
+    run = next(r for r in reproduce.EXPERIMENTS["fig9-starpo-s"].runs() if r.key == "sokoban/starpo-s")
+    cfg = reproduce.run_config(run, "paper", tmp_path)
+    hours, source = reproduce.estimate_hours(cfg, "sokoban", costs)
+    assert source.startswith("measured")
+    # 200 steps x (128 x 0.5 + 32 x 1.0) s, plus 21 validations of 256 states x 0.5 s
+    assert hours == pytest.approx((200 * (64 + 32) + 21 * 256 * 0.5) / 3600)
+    prior, source = reproduce.estimate_hours(cfg, "sokoban", {})
+    assert source.startswith("prior") and prior > 0
+
+
+def test_ema_smoothing_skips_missing_values(reproduce):
+    assert reproduce.ema([None, 1.0, None, 0.0], weight=0.5) == [None, 1.0, None, 0.5]
+
+
+def test_validation_is_not_smoothed_and_sits_where_it_was_measured(reproduce):
+    rows = [{"step": 1, "val/success": 0.5, "reward/mean": 1.0}, {"step": 2, "reward/mean": 0.0},
+            {"step": 3, "val/success": 0.25, "reward/mean": 0.0}]  # fmt: skip
+    data = reproduce.curves(rows, {"reward/mean": "r"}, {"val/success": 1.0})
+    assert data["val_points"] == [[0, 0.5], [2, 0.25], [3, 1.0]]  # before steps 1 and 3, and after the last
+    assert data["val/success:ema"] == [0.5, None, 0.25] and data["reward/mean:ema"] == pytest.approx([1.0, 0.6, 0.36])
 
 
 def _rows(keys: list[str], steps: int) -> list[dict[str, Any]]:
-    rows = [{"step": s, **{k: 0.1 * s for k in keys}, "val/success": 0.5} for s in range(1, steps + 1)]
+    rows = [{"step": s, "time": 10.0 * s, **{k: 0.1 * s for k in keys}, "val/success": 0.5} for s in range(1, steps + 1)]
     rows[1]["warnings"] = ["a warning"]
     return rows
 
 
-@pytest.mark.parametrize("experiment", ["echo-trap", "reasoning", "rollout-shape"])
-def test_main_writes_the_experiments_own_curves(reproduce, experiment, tmp_path, monkeypatch, capsys):
-    curves = reproduce.EXPERIMENTS[experiment].curves
-    monkeypatch.setattr(reproduce, "train", lambda run, args, folder: _rows(list(curves), args.steps))
-    argv = [experiment, "--steps", "3", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]
+def test_main_writes_the_experiments_own_curves_and_splits(reproduce, tmp_path, monkeypatch, capsys):
+    experiment = reproduce.EXPERIMENTS["table4-generalization"]
+    monkeypatch.setattr(reproduce, "train", lambda run, cfg, **kw: _rows(list(experiment.curves), 3))
+    monkeypatch.setattr(reproduce, "evaluate_splits", lambda run, cfg, states: {s: 0.25 for s in run.splits})
+    argv = ["table4-generalization", "--scale", "cpu", "--runs", str(tmp_path / "runs"), "--out", str(tmp_path)]
     assert reproduce.main(argv) == 0
-    env = reproduce.EXPERIMENTS[experiment].env.removeprefix("ragen/").removesuffix("-v0").lower()
-    result = json.loads((tmp_path / "out" / f"{experiment}-{env}.json").read_text())
-    assert (tmp_path / "out" / f"{experiment}-{env}.png").is_file()
-    assert result["curves"] == curves and result["x"] == reproduce.EXPERIMENTS[experiment].x_key
-    for name, data in result["runs"].items():
-        assert set(curves) <= set(data) and data["step"] == [1, 2, 3]
-        assert data["warnings"] == [{"step": 2, "messages": ["a warning"]}]
-        passes = 3 if name == "stale-3x" else 1
-        assert data["update_passes"] == [passes, 2 * passes, 3 * passes]
-    printed = capsys.readouterr().out
-    assert all(label in printed for label in curves.values())
-
-
-def test_each_experiment_has_its_own_cpu_scale_and_the_command_line_wins(reproduce):
-    scale = ("groups", "steps", "val_every", "val_groups")
-    echo = reproduce.parse_args(["echo-trap"])
-    assert [getattr(echo, k) for k in scale] == [8, 15, 5, 32]
-    for name in ("reasoning", "rollout-shape"):
-        args = reproduce.parse_args([name])
-        assert [getattr(args, k) for k in scale] == [4, 6, 3, 8]
-    given = reproduce.parse_args(["reasoning", "--groups", "8", "--steps", "15", "--val-every", "5"])
-    assert [getattr(given, k) for k in scale] == [8, 15, 5, 8]
+    result = json.loads((tmp_path / "table4-generalization-cpu.json").read_text())
+    assert (tmp_path / "table4-generalization-cpu.png").is_file()
+    assert result["curves"] == experiment.curves and result["ema"] == reproduce.EMA
+    data = result["runs"]["bandit/generalization"]
+    assert data["step"] == [1, 2, 3] and data["splits"] == {"bandit-test": 0.25}
+    assert data["warnings"] == [{"step": 2, "messages": ["a warning"]}]
+    assert data["seconds_per_step"] == [10.0, 10.0]
+    assert "bandit-test" in capsys.readouterr().out
 
 
 def test_an_interrupted_run_is_trained_again_and_a_finished_one_read_back(reproduce, tmp_path):
@@ -167,3 +217,22 @@ def test_an_interrupted_run_is_trained_again_and_a_finished_one_read_back(reprod
     assert reproduce.finished(folder)
     (folder / "summary.json").write_text("{not json")
     assert not reproduce.finished(folder)
+
+
+def test_unknown_runs_and_bad_gpu_counts_are_refused(reproduce, capsys):
+    with pytest.raises(SystemExit):
+        reproduce.main(["fig9-starpo-s", "--only", "nope"])
+    assert "unknown run" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        reproduce.main(["paper", "--gpus", "0", "--dry-run"])
+    assert "--gpus" in capsys.readouterr().err
+
+
+def test_env_moves_an_experiments_design_and_keeps_the_update_shape(reproduce, tmp_path):
+    runs = reproduce.experiment_runs(reproduce.EXPERIMENTS["fig10-online"], "bandit")
+    assert [r.key for r in runs] == ["bandit/online-1", "bandit/online-2", "bandit/online-5", "bandit/online-10"]
+    assert all(r.splits == () for r in runs)  # the Sokoban splits belong to the Sokoban design
+    configs = [reproduce.run_config(r, "cpu", tmp_path) for r in runs]
+    assert {c.env_id for c in configs} == {"ragen/Bandit-v0"}
+    # k times the groups, the CPU mini-batch unchanged: k updates a step
+    assert [c.kept_groups * c.group_size // c.ppo_mini_batch_size for c in configs] == [1, 2, 5, 10]

@@ -10,18 +10,23 @@ import pytest
 from ragen_envs import demo
 
 
-def test_demo_plays_every_offline_env(capsys):
+def test_demo_plays_every_registered_env(capsys):
+    """Every id the README lists, the paper's envs and the four text games (WebShop has its own test)."""
+    from ragen_envs.registration import ENV_IDS, GAME_IDS
+
     assert demo.main(["--quiet", "--episodes", "2", "--no-webshop"]) == 0
     out = capsys.readouterr().out
-    for env_id in (
-        "ragen/Bandit-v0",
-        "ragen/BanditTest-v0",
-        "ragen/BanditRev-v0",
-        "ragen/FrozenLake-v0",
-        "ragen/Countdown-v0",
-    ):
-        assert env_id in out
-    assert "summary" in out and "skipped ragen/WebShop-v0: --no-webshop given" in out
+    played = {line.split("] ", 1)[1].split(":", 1)[0] for line in out.splitlines() if line.startswith("[")}
+    assert played == {i for i in [*ENV_IDS, *GAME_IDS] if "WebShop" not in i}
+    assert "summary" in out and "skipped ragen/WebShop-v0: --no-webshop given" in out and "failed" not in out
+
+
+def test_demo_plays_a_game_by_its_name(capsys):
+    assert demo.main(["--env", "TicTacToe", "--episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "ragen/TicTacToe-v0" in out and "perfect player" in out and "--- reply 1 ---" in out
+    assert demo.main(["--env", "Negotiation", "--episodes", "2", "--quiet"]) == 0
+    assert "ragen/Negotiation-v0" in capsys.readouterr().out
 
 
 def test_demo_plays_webshop_on_an_embedded_server_or_skips_it(capsys):

@@ -30,6 +30,11 @@ FILES: dict[str, str] = {
     "text_float.yaml": "temperature: hot\n",
     "dict_report.yaml": "report_to: {console: true}\n",
     "bad_preset.yaml": "preset: no-such-preset\n",
+    # 306 bytes whose aliases expand to 9**9 (387 million) values: it once printed a 624 MB error at 2.2 GB of memory.
+    "alias_bomb.yaml": "".join(f"{a}: &{a} [" + ",".join([f"*{p}" if p else "x"] * 9) + "]\n"
+                               for p, a in zip(["", *"abcdefgh"], "abcdefghi")),
+    # 50,000 levels of nesting: it once ended in a RecursionError traceback.
+    "too_deep.yaml": "env_kwargs: " + "[" * 50_000 + "]" * 50_000 + "\n",
 }
 
 #: (row id, arguments after ``train``, text the error must contain: the field's name). Every row gets
@@ -125,6 +130,12 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
     ("yaml-text-for-float", ["--config", "{tmp}/text_float.yaml"], "temperature"),
     ("yaml-mapping-for-list", ["--config", "{tmp}/dict_report.yaml"], "report_to"),
     ("yaml-unknown-preset", ["--config", "{tmp}/bad_preset.yaml"], "preset"),
+    ("yaml-alias-bomb", ["--config", "{tmp}/alias_bomb.yaml"], "aliases"),
+    ("yaml-nested-too-deep", ["--config", "{tmp}/too_deep.yaml"], "nested deeper than 64"),
+    ("yaml-not-a-regular-file", ["--config", "/dev/zero"], "config"),
+    ("set-alias-bomb", ["--set", ("env_kwargs={a: &a [1,1,1,1,1,1,1,1,1,1], b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a], "
+                                  "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b], d: [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]}")],
+     "aliases"),
     # the command line itself
     ("resume-and-overwrite", ["--resume", "--overwrite"], "--overwrite"),
     ("unknown-flag", ["--nonsense", "1"], "unrecognized arguments"),
@@ -204,6 +215,7 @@ def test_bad_input_exits_2_before_any_model_loads(tmp_path, capsys, no_model_loa
     assert rc == 2, f"{row_id}: exit status {rc}\n{err[-2000:]}"
     assert needle in err, f"{row_id}: the message does not name {needle!r}:\n{err}"
     assert "error" in err and "Traceback" not in err, err
+    assert len(err) < 20_000, f"{row_id}: a {len(err):,}-character error message"
     if row_id.startswith("model-hub"):
         assert "cache" in err  # says that hub ids must be in the local Hugging Face cache
 

@@ -22,7 +22,7 @@ torch = pytest.importorskip("torch")
 from ragen_trainer import cli
 from ragen_trainer.models import checkpoint_problems
 from ragen_trainer.trainer import StarPOTrainer
-from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer, tiny_model_dir  # noqa: F401 (a fixture)
+from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer
 
 
 def _args(model_dir, out, *extra):

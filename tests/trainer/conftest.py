@@ -17,7 +17,10 @@ The builders (:func:`build_tiny_tokenizer`, :func:`build_tiny_model`) are import
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -191,3 +194,49 @@ class ScriptedEngine:
 @pytest.fixture
 def scripted_engine() -> Callable[..., ScriptedEngine]:
     return ScriptedEngine
+
+
+class JSONServer:
+    """A local HTTP server on 127.0.0.1 (random port) that records POSTed JSON bodies and answers with
+    ``respond(path, body) -> (status, payload)`` (``body`` is ``None`` for a GET). ``root``: its address; ``url``: its
+    ``/v1`` API root."""
+
+    def __init__(self, respond: Callable[[str, dict], tuple[int, dict]]) -> None:
+        self.requests: list[dict] = []
+        lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                self._answer(*respond(self.path, None))
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with lock:
+                    outer.requests.append({"path": self.path, "body": body})
+                self._answer(*respond(self.path, body))
+
+            def _answer(self, status: int, payload: dict) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.root = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.url = self.root + "/v1"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def __enter__(self) -> JSONServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)

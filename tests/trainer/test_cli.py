@@ -9,7 +9,6 @@ import pytest
 
 from ragen_trainer import cli
 from ragen_trainer.config import PRESETS, StarPOConfig
-from ragen_trainer.engines.local_server import free_port
 
 
 def test_help_lists_every_field_and_subcommand(capsys):
@@ -64,6 +63,18 @@ def test_bad_config_fails_before_any_model_loads(monkeypatch, capsys, argv, need
     assert needle in err and "error" in err
 
 
+def test_a_paper_scale_run_on_a_cpu_names_the_small_cpu_config():
+    from pathlib import Path
+
+    from ragen_trainer.config import load_config
+
+    paper = load_config("starpo-s").replace(env_id="ragen/Bandit-v0", model="smollm2")
+    note = cli.cpu_scale_note(paper)
+    assert note and "10,240,000 tokens" in note and cli.QUICK_CPU_CONFIG in note
+    quick = Path(__file__).resolve().parents[2] / cli.QUICK_CPU_CONFIG
+    assert cli.cpu_scale_note(load_config(str(quick))) is None  # the quick config itself: no note
+
+
 def test_eval_and_leaderboard_are_dispatched(capsys):
     if cli._evaluation_module() is None:
         pytest.skip("ragen_trainer.evaluation.cli is not present")
@@ -110,32 +121,3 @@ def test_train_a_lora_adapter_from_the_command_line(tmp_path, tiny_model_dir):
     assert any("lora_A" in n and "q_proj" in n for n in names) and not any("lora_A" in n and "k_proj" in n for n in names)
 
 
-def test_same_command_runs_under_accelerate_launch_with_two_processes(tmp_path, tiny_model_dir):
-    """Nothing assumes one process: 2 CPU processes (gloo) roll out their share of the groups, gather, filter alike,
-    train, and only the main process writes the output folder."""
-    import os
-    import shutil
-    import subprocess
-    import sys
-
-    pytest.importorskip("trl")
-    if shutil.which("accelerate") is None:
-        pytest.skip("the accelerate launcher is not on PATH")
-    out = tmp_path / "run"
-    cmd = [
-        "accelerate", "launch", "--cpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-        "--dynamo_backend", "no", "--main_process_port", str(free_port()), "-m", "ragen_trainer.cli", "train",
-        "--config", "starpo-s", "--model", str(tiny_model_dir), "--output_dir", str(out), "--total_steps", "1",
-        "--env_groups", "3", "--group_size", "2", "--max_new_tokens", "4", "--max_context_tokens", "1024",
-        "--max_turns", "1", "--val_every", "1", "--val_groups", "3", "--save_steps", "1", "--micro_batch_size", "1",
-        "--filter_ratio", "0.5", "--report_to", "jsonl",
-    ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 1  # written once, by the main process
-    assert rows[0]["batch/trajectories"] == 6 and rows[0]["batch/groups"] == 3  # both processes' groups
-    assert rows[0]["filter/kept_trajectories"] == 2  # int(0.5 x 3) = 1 group of 2
-    assert (out / "checkpoint-1" / "model.safetensors").is_file()
-    assert json.loads((out / "summary.json").read_text())["steps"] == 1

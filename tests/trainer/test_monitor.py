@@ -225,6 +225,23 @@ def _screen(text: str) -> list[str]:
     return ["".join(r).rstrip() for r in rows]
 
 
+def test_the_console_eta_comes_from_measured_step_times(tmp_path, capsys, monkeypatch):
+    """No ETA on the first row (it comes after loading and the initial validation, which took 600 s here); then the
+    time per step measured since that row: steps 1 -> 3 took 20 s, so 7 steps left take 70 s."""
+    from ragen_trainer import monitor
+
+    clock = [600.0]
+    monkeypatch.setattr(monitor.time, "perf_counter", lambda: clock[0])
+    with MetricsLogger(tmp_path / "run", wandb=False, tensorboard=False, total_steps=10) as log:
+        log.log(1, {"reward/mean": 0.5})
+        clock[0] += 20.0
+        log.log(3, {"reward/mean": 0.5})
+        clock[0] += 10.0
+        log.log(10, {"reward/mean": 0.5})
+    rows = [line.split() for line in capsys.readouterr().err.splitlines() if line.strip()[:1].isdigit()]
+    assert [(row[0], row[-1]) for row in rows] == [("1/10", "-"), ("3/10", "1:10"), ("10/10", "0:00")]
+
+
 def test_metrics_logger_rows_stay_visible_under_live_progress_bars(tmp_path, capsys):
     """The trainer draws a step bar and a nested rollout bar (tqdm) while the logger prints its table; every row
     must stay on screen (the bars' redraws used to erase all but the first)."""

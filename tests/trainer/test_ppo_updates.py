@@ -18,7 +18,7 @@ from ragen_trainer.config import load_config
 from ragen_trainer.filtering import filter_groups, num_kept
 from ragen_trainer.losses import policy_loss
 from ragen_trainer.trainer import StarPOTrainer
-from ragen_trainer.update import UpdateStats, update_count
+from ragen_trainer.update import update_count
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 
 #: Bandit replies that differ inside a group, so every group has a reward spread and non-zero advantages.
@@ -94,10 +94,8 @@ def test_critic_gradients_are_clipped_by_their_own_norm(tmp_path, tiny_tokenizer
     for p in actor + critic:
         p.grad = torch.ones_like(p)
     critic_before = [p.grad.clone() for p in critic]
-    stats = UpdateStats()
-    trainer._clip_gradients(stats)
-    norms = stats.reduce(trainer.accelerator, updates=1)
-    assert norms["optim/grad_norm"] > 1.0 and norms["critic/grad_norm"] > 0
+    norms = trainer.adamw.clip_gradients()  # what the optimizer's step does first
+    assert norms["policy"] > 1.0 and norms["critic"] > 0
     assert float(torch.linalg.vector_norm(torch.cat([p.grad.flatten() for p in actor]))) == pytest.approx(1e-3, rel=1e-3)
     # a joint clip would have scaled the critic's gradients down with the policy's
     assert all(torch.equal(p.grad, g) for p, g in zip(critic, critic_before))
@@ -123,6 +121,24 @@ def test_dual_clip_bounds_negative_advantage_losses():
     assert float(stats["ratio_min"]) == pytest.approx(0.5) and float(stats["ratio_max"]) == pytest.approx(10.0)
     unbounded, _ = policy_loss(logp, old, adv, mask, clip_ratio_c=1e9, agg_mode="token-mean")
     assert float(unbounded) == pytest.approx((10.0 - 1.28 + 0.8) / 3)
+    # clip_ratio_c 0: no dual clip at all (the paper-era actor, RAGEN 3059df8 dp_actor.compute_policy_loss)
+    off, off_stats = policy_loss(logp, old, adv, mask, clip_ratio_c=0.0, agg_mode="token-mean")
+    assert float(off) == pytest.approx((10.0 - 1.28 + 0.8) / 3) and float(off_stats["clipfrac_dual"]) == 0.0
+
+
+def test_micro_token_mean_does_not_depend_on_the_memory_micro_batch(tmp_path, tiny_tokenizer):
+    """The paper's loss (token mean of each micro-batch of 4, averaged) is a property of the mini-batch: the memory
+    knob micro_batch_size changes how it is computed, not what it is; seq-mean-token-mean is another loss."""
+    common = dict(ppo_mini_batch_size=8, loss_agg_mode="micro-token-mean", loss_agg_micro_size=4)
+    row_one, one = _train(tmp_path, tiny_tokenizer, "m1", micro_batch_size=1, **common)
+    row_three, three = _train(tmp_path, tiny_tokenizer, "m3", micro_batch_size=3, **common)
+    for key in ("loss/policy", "policy/entropy", "optim/grad_norm"):
+        assert row_one[key] == pytest.approx(row_three[key], rel=1e-5), key
+    # Adam's first step is about lr x sign(gradient): float noise may flip a near-zero gradient, hence lr / 30
+    assert all(torch.allclose(one[k], three[k], atol=1e-3) for k in one)
+    row_seq, _ = _train(tmp_path, tiny_tokenizer, "seq", micro_batch_size=1,
+                        **{**common, "loss_agg_mode": "seq-mean-token-mean"})  # fmt: skip
+    assert row_seq["optim/grad_norm"] != pytest.approx(row_one["optim/grad_norm"], rel=1e-3)
 
 
 def test_kept_group_count_floors_like_the_reference_and_keeps_one():

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
-from ragen_trainer.rollout import ChatTokens, collect_rollouts, placed_rewards
+from ragen_trainer.rollout import ChatTokens, after_system_mask, collect_rollouts, placed_rewards
 
 WIN = "<think>The dragon is risky but pays more on average.</think><answer>Dragon</answer>"
 BAD = "<think>hmm</think><answer>Unicorn</answer>"
@@ -155,6 +155,50 @@ def test_scripted_multi_turn_rewards_success_and_reward_placement(tiny_tokenizer
         assert sum(1 for r in by_turn if r != 0) <= 2
     with pytest.raises(ValueError, match="placement"):
         placed_rewards(batch.trajectories[0], "token")
+
+
+def _reference_masks_and_score_position(input_ids, tokenizer):
+    """RAGEN 3059df8 ``get_masks_and_scores`` on one unpadded row (``ctx_manager.py`` lines 28-48): the loss mask
+    (``turn_indicators > 1``: after the system turn), the response mask (assistant turns) and the score's position, all
+    over targets ``input_ids[1:]`` (index ``j`` here is target ``j + 1``)."""
+    ids = torch.tensor([input_ids])
+    turn_starts = (ids == tokenizer.convert_tokens_to_ids("<|im_start|>")).long()
+    indicators = torch.cumsum(turn_starts, dim=-1)
+    response = ((indicators % 2 == 1) & (indicators > 1))[0, :-1].long().tolist()
+    after_system = (indicators > 1)[0, :-1].long().tolist()
+    return after_system, response, len(input_ids) - 2  # score_tensor[:, -1], then [:, 1:]
+
+
+@pytest.mark.parametrize("prefix", ["", "auto"])
+def test_after_system_mask_is_the_paper_runs_mask(tiny_tokenizer, scripted_engine, prefix):
+    engine = scripted_engine(tiny_tokenizer, [BAD, WIN])
+    kwargs = dict(sampling=SamplingParams(max_new_tokens=64), max_turns=5, reply_prefix=prefix)
+    after = collect(engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, loss_mask="after_system", **kwargs)
+    engine = scripted_engine(tiny_tokenizer, [BAD, WIN])
+    replies = collect(engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, loss_mask="replies", **kwargs)
+    for traj, plain in zip(after.trajectories, replies.trajectories):
+        # The conversation the reference trains on: the chat re-rendered without the final state, ending with the
+        # template's closing text after the last reply (ChatML "<|im_end|>\n"), tokenised whole.
+        rendered = tiny_tokenizer.apply_chat_template(traj.messages[:-1], tokenize=False)
+        assert tiny_tokenizer.decode(traj.input_ids) == rendered
+        assert traj.input_ids[: len(plain.input_ids)] == plain.input_ids  # only the closing "\n" is added
+        assert traj.turn_spans == plain.turn_spans and traj.num_model_tokens == plain.num_model_tokens
+        ref_mask, ref_response, score_at = _reference_masks_and_score_position(traj.input_ids, tiny_tokenizer)
+        assert traj.loss_mask[1:] == ref_mask
+        # env text, role headers and the closing newline are trained; the system turn is not
+        system_len = len(ChatTokens(tiny_tokenizer).system_turn_ids(traj.messages[0]["content"]))
+        assert traj.loss_mask[: system_len + 1] == [0] * (system_len + 1) and all(traj.loss_mask[system_len + 1 :])
+        # the reference's response mask (enable_response_mask) covers ragen's replies and more (headers, newlines)
+        assert all(ref_response[j - 1] for j, m in enumerate(plain.loss_mask) if m)
+        # the episode's reward sits on the last token, as the reference's score
+        rewards = placed_rewards(traj, "trajectory")
+        assert rewards[score_at + 1] == pytest.approx(traj.reward) and sum(rewards) == pytest.approx(traj.reward)
+
+
+def test_after_system_mask_without_a_system_turn():
+    assert after_system_mask([5, 6, 7, 8], [5, 6]) == [0, 0, 0, 1]
+    assert after_system_mask([5, 6, 7, 8], [9, 9]) == [0, 1, 1, 1]  # no system turn: all but the first token
+    assert after_system_mask([5, 6, 7], []) == [0, 1, 1]
 
 
 def test_max_turns_and_env_turn_limit_truncate(tiny_tokenizer, scripted_engine):

@@ -107,8 +107,10 @@ def test_full_run_frozenlake_grpo_multi_turn_with_kl(tmp_path, tiny_tokenizer):
 
 
 def test_in_reward_kl_is_subtracted_from_the_rewards_when_asked(tmp_path, tiny_tokenizer):
-    # The reference's in-reward KL (kl_ctrl with use_kl_in_reward) is off in all its configs, vanilla included.
-    assert load_config("starpo").kl_reward_coef == 0.0 and load_config("starpo-s").kl_reward_coef == 0.0
+    # The in-reward KL: vanilla PPO's 0.001 at the paper's commit (applied whenever the KL loss is off); today's
+    # reference has it off everywhere (use_kl_in_reward), and StarPO-S has none at either.
+    assert load_config("starpo").kl_reward_coef == 0.001 and load_config("starpo-s").kl_reward_coef == 0.0
+    assert load_config("starpo").replace(reference="latest").kl_reward_coef == 0.0
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, "starpo", kl_reward_coef=0.5, max_turns=2)
@@ -127,20 +129,23 @@ def test_in_reward_kl_is_subtracted_from_the_rewards_when_asked(tmp_path, tiny_t
 def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer):
     model = build_tiny_model(tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
-    cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2)
+    cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2, loss_mask="replies")
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
     kept, _ = trainer.filter(trainer.rollout(0)[0])
     batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
     minis = batch.mini_batches(cfg.ppo_mini_batch_size)
     assert minis == [[0, 1, 2, 3]]  # 4 kept trajectories, mini-batches of 32
     micro = micro_batches(batch, minis[0], micro_batch_size=cfg.micro_batch_size, rank=0, world=1,
-                          agg_mode=cfg.loss_agg_mode, pad_id=tiny_tokenizer.pad_token_id)
+                          agg_mode=cfg.loss_agg_mode)
     assert len(micro) == 2  # micro-batches of 2
     eos = tiny_tokenizer.eos_token_id
     for mb in micro:
-        ids, mask, adv = mb["input_ids"], mb["mask"], mb["advantages"]
-        for row in range(ids.shape[0]):
-            trained = ids[row, 1:][mask[row] > 0].tolist()
+        mask, adv = mb["mask"], mb["advantages"]
+        # the packed row trains exactly the positions of the mask, each predicting the model's own next token
+        assert int(mb["packed"].gather.numel()) == int((mask > 0).sum())
+        for row, i in enumerate(mb["rows"]):
+            ids = torch.tensor(batch.kept[i].input_ids)
+            trained = ids[1:][mask[row][: len(ids) - 1] > 0].tolist()
             text = tiny_tokenizer.decode([t for t in trained if t != eos])
             assert text in ("Phoenix", "PhoenixDragon", "Dragon")  # only the model's replies
             assert trained.count(eos) >= 1  # each reply's own end-of-turn token is trained
@@ -148,6 +153,30 @@ def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer)
             assert torch.all(mb["returns"][row][mask[row] == 0] == 0)
         # the old log-probs were recomputed by the trainer, not the engine's placeholder -1.0
         assert not torch.allclose(mb["old_logprobs"][mask > 0], torch.full_like(mb["old_logprobs"][mask > 0], -1.0))
+
+
+def test_after_system_mask_trains_the_environment_text_too(tmp_path, tiny_tokenizer):
+    """The paper's runs (loss_mask after_system, the default): every token after the system prompt is trained, the
+    template's closing newline included (the reference's last token, where its reward sits)."""
+    engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
+    cfg = small_config(tmp_path, "starpo-s", filter_ratio=1.0, max_turns=2)
+    assert cfg.loss_mask == "after_system"
+    trainer = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
+    kept, _ = trainer.filter(trainer.rollout(0)[0])
+    batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
+    micro = micro_batches(batch, batch.mini_batches(cfg.ppo_mini_batch_size)[0], micro_batch_size=cfg.micro_batch_size,
+                          rank=0, world=1, agg_mode=cfg.loss_agg_mode, micro_size=cfg.loss_agg_micro_size)
+    for mb in micro:
+        mask, adv = mb["mask"], mb["advantages"]
+        assert int(mb["packed"].gather.numel()) == int((mask > 0).sum())
+        for row, i in enumerate(mb["rows"]):
+            ids = torch.tensor(batch.kept[i].input_ids)
+            on = mask[row][: len(ids) - 1] > 0
+            trained = tiny_tokenizer.decode(ids[1:][on].tolist())
+            assert "Phoenix" in trained and "State:" in trained and "user" in trained  # replies, env text, headers
+            assert "helpful assistant" not in trained  # the system turn is not
+            assert trained.endswith("<|im_end|>\n")  # the closing newline, as the reference's last token
+            assert torch.all(adv[row][mask[row] == 0] == 0)  # advantages only where trained
 
 
 def _group_reply(prompt_text, call, row):
@@ -162,7 +191,7 @@ class CountingTrainer(StarPOTrainer):
         self.seeds_seen = []
 
     def compute_loss(self, model, micro):
-        self.loss_rows.append((micro["input_ids"].shape[0], int((micro["mask"].sum(-1) > 0).sum())))
+        self.loss_rows.append((len(micro["rows"]), int((micro["mask"].sum(-1) > 0).sum())))
         return super().compute_loss(model, micro)
 
 
@@ -308,7 +337,7 @@ def test_policy_forward_selected_logits_match_full_logits_and_copy_is_independen
     out = model(input_ids=ids, logits_mask=mask, return_values=True)
     assert out["selected_logits"].shape == (4, len(tiny_tokenizer))
     assert torch.allclose(out["selected_logits"], full[mask], atol=1e-5)
-    assert out["values"].shape == (2, 7) and torch.all(out["values"] == 0)  # zero-initialised head
+    assert out["critic_values"].shape == (2, 7) and torch.all(out["critic_values"] == 0)  # zero-initialised head
     ref = policy_copy(model)
     assert get_critic(ref) is None
     with torch.no_grad():

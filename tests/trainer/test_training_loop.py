@@ -13,8 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("pettingzoo")
 
 from ragen_trainer.config import load_config
-from ragen_trainer.trajectory import Trajectory
 from ragen_trainer.trainer import StarPOTrainer
+from ragen_trainer.trajectory import Trajectory
 from ragen_trainer.update import TrainingBatch, micro_batches
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 from tests.trainer.test_selfplay import GAME_KWARGS, legal_tictactoe_move
@@ -36,7 +36,7 @@ class RecordingTrainer(StarPOTrainer):
 
     def update(self, batch: TrainingBatch, members, stats, timings):
         rows = [i for micro in micro_batches(batch, members, micro_batch_size=self.cfg.micro_batch_size, rank=0,
-                                             world=1, agg_mode=self.cfg.loss_agg_mode, pad_id=0)
+                                             world=1, agg_mode=self.cfg.loss_agg_mode)
                 for i in micro["rows"] if micro["mask"].sum() > 0]
         self.trained[-1].update(id(batch.kept[i]) for i in rows)
         self.trained_rows = getattr(self, "trained_rows", 0) + len(rows)
@@ -89,8 +89,7 @@ def test_micro_batches_cover_a_mini_batch_and_keep_processes_in_step():
     seen = []
     counts = set()
     for rank in range(4):
-        micros = micro_batches(batch, list(range(7)), micro_batch_size=1, rank=rank, world=4, agg_mode="token-mean",
-                               pad_id=0)
+        micros = micro_batches(batch, list(range(7)), micro_batch_size=1, rank=rank, world=4, agg_mode="token-mean")
         counts.add(len(micros))
         seen += [i for m in micros if m["mask"].sum() > 0 for i in m["rows"]]
     assert counts == {2} and sorted(seen) == list(range(7))

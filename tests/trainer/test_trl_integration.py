@@ -49,7 +49,7 @@ def _grpo_config(tmp_path: Path, **changes: Any) -> Any:
 
     settings: dict[str, Any] = {
         "output_dir": str(tmp_path / "trl"), "max_steps": 1, "num_generations": 2, "per_device_train_batch_size": 4,
-        "max_completion_length": 8, "use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False,
+        "max_completion_length": 8, "use_cpu": True, "bf16": False, "fp16": False, **ti.checkpointing_arg(False),
         "report_to": [], "logging_steps": 1, "save_strategy": "no", "disable_tqdm": True, "shuffle_dataset": False,
     }  # fmt: skip
     settings.update(changes)

@@ -191,6 +191,27 @@ def test_importing_ragen_envs_stays_light():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+def test_the_server_imports_nothing_of_ragen_and_caches_where_ragen_does(tmp_path, monkeypatch):
+    """The layers: webshop_server stands below ragen_envs (DESIGN.md), so it imports neither the envs nor the trainer,
+    and finds the same cache folder as ragen's own (``ragen_envs.cache``) by itself."""
+    code = (
+        "import pkgutil, importlib, sys, webshop_server;"
+        "[importlib.import_module('webshop_server.' + m.name) for m in pkgutil.iter_modules(webshop_server.__path__)];"
+        "from webshop_server.app import build_shop; build_shop(num_products=20, seed=0);"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('ragen_envs', 'ragen_trainer')];"
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    from ragen_envs.cache import cache_dir
+    from webshop_server.search import default_cache_root
+
+    monkeypatch.setenv("RAGEN_CACHE_DIR", str(tmp_path / "ragen"))
+    assert default_cache_root() == cache_dir("webshop") == tmp_path / "ragen" / "webshop"
+    monkeypatch.delenv("RAGEN_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_cache_root() == cache_dir("webshop") == tmp_path / "xdg" / "ragen" / "webshop"
+
+
 def test_current_goal_is_the_answer_key_of_the_embedded_server_only(server):
     env = WebShopEnv(split="test", **SMALL)
     try:
