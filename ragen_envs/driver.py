@@ -22,17 +22,19 @@ by what the model does. With ``group_randomness="independent"`` each further rol
 the reset (``options["dynamics_seed"]`` = :func:`dynamics_seed`) and sees its own payouts and slips. Either way a
 single-rollout evaluation and rollout 0 of a training group are the same episode.
 
-Two ways to play, picked by what the agent offers:
+One loop plays every episode (:class:`_Play`): an episode asks the agent for its next reply as soon as it is ready,
+its env steps as soon as the reply comes back, and a finished episode hands its env slot to the next job. What the
+agent offers decides only how episodes are admitted and answered:
 
-* **Turn-synchronous** (an agent with ``reply_batch``): ``batch_size`` episodes are played at a time (all of them by
-  default); every turn the agent answers all live episodes of the batch in one call, then each reply is stepped.
 * **Streaming** (a :class:`StreamingAgent`, e.g. ``ragen_trainer.rollout.TokenAgent``): every episode advances on its
-  own. The driver submits an episode's turn to the agent as soon as the episode is ready, steps the env as soon as
-  the reply comes back, and starts the next job in a slot as soon as an episode ends (up to ``batch_size`` episodes
-  live). The agent keeps generating for the other episodes meanwhile: with a continuous-batching engine the model's
-  batch stays full while episodes end at different turns. With ``env_workers`` > 0 env steps run in threads, so slow
-  steps (WebShop's HTTP round trips) overlap with generation; by default only envs that declare ``io_bound = True``
-  get threads (in-process envs step in microseconds, and inline steps keep the order of events reproducible).
+  own and the next job starts in a slot as soon as an episode ends (up to ``batch_size`` episodes live). The agent
+  keeps generating for the other episodes meanwhile: with a continuous-batching engine the model's batch stays full
+  while episodes end at different turns. With ``env_workers`` > 0 env steps run in threads, so slow steps (WebShop's
+  HTTP round trips) overlap with generation; by default only envs that declare ``io_bound = True`` get threads
+  (in-process envs step in microseconds, and inline steps keep the order of events reproducible).
+* **Turn-synchronous** (an agent with ``reply_batch``): ``batch_size`` episodes are admitted together (all of them by
+  default) and the next batch only when all of them have ended; every turn the agent answers all live episodes of the
+  batch in one call (:class:`_TurnSynchronous`), then each reply is stepped, inline.
 
 Envs are made once per slot and reset for each episode (:class:`EnvSlots`; WebShop starts its server once, not per
 episode).
@@ -329,35 +331,16 @@ def play_episodes(
     own_envs = envs is None
     slots = envs if envs is not None else EnvSlots(env_id, env_kwargs)
     size = batch_size or max(len(jobs), 1)
-    finished: list[Episode] = []
+    hooks = _Hooks(on_reset, on_step, on_batch_end, progress, env_name or env_id)
     if streaming:
-        hooks = _Hooks(on_reset, on_step, on_batch_end, progress, env_name or env_id)
-        try:
-            return _Stream(env_id, env_name or env_id, jobs, agent, slots, size, on_error, env_workers, hooks).run()
-        finally:
-            if own_envs:
-                slots.close()
+        play = _Play(env_id, jobs, agent, slots, size, on_error, hooks, admit=1, env_workers=env_workers)
+    else:
+        play = _Play(env_id, jobs, _TurnSynchronous(agent), slots, size, on_error, hooks, admit=size, env_workers=0)
     try:
-        for start in range(0, len(jobs), size):
-            batch = [
-                _start_episode(env_id, env_name or env_id, job, slots.get(k), on_error)
-                for k, job in enumerate(jobs[start : start + size])
-            ]
-            if on_reset is not None:
-                for episode in batch:
-                    if not episode.done:  # a failed reset ended the episode (on_error="record")
-                        on_reset(episode)
-            _count(progress, sum(e.done for e in batch))
-            _play_batch(batch, agent, on_error, progress, env_name or env_id, on_step)
-            if on_batch_end is not None:  # the envs still hold each episode's final state here
-                on_batch_end(batch)
-            for episode in batch:
-                episode.env = None  # the slot is reused; the record keeps no live env
-            finished.extend(batch)
+        return play.run()
     finally:
         if own_envs:
             slots.close()
-    return finished
 
 
 @dataclass
@@ -369,21 +352,59 @@ class _Hooks:
     env_name: str
 
 
-class _Stream:
-    """The streaming play (see the module docstring): a loop over three queues, no recursion.
+class _TurnSynchronous:
+    """A turn-synchronous agent (``reply_batch``) as a :class:`StreamingAgent`: the episodes asked since the last poll
+    are answered together in one ``reply_batch`` call, in the order they were asked."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self._asked: list[Episode] = []
+
+    def submit(self, episode: Episode) -> None:
+        self._asked.append(episode)
+
+    def poll(self) -> list[tuple[Episode, AgentReply | str]]:
+        asked, self._asked = self._asked, []
+        replies = list(self.agent.reply_batch(asked))
+        if len(replies) != len(asked):
+            raise RuntimeError(f"the agent returned {len(replies)} replies for {len(asked)} episodes")
+        return list(zip(asked, replies))
+
+    def pending(self) -> bool:
+        return bool(self._asked)
+
+    def release(self, episode: Episode) -> None:
+        pass
+
+    def finish_stream(self) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Cohort:
+    """Episodes admitted together: their slots are handed on, and ``on_batch_end`` called, once all have ended."""
+
+    live: int
+    """Episodes of the cohort not ended yet (those still to start included)."""
+    episodes: list[Episode] = field(default_factory=list)
+
+
+class _Play:
+    """The episode loop (see the module docstring): three queues, no recursion.
 
     ``to_ask``: episodes whose next reply must be requested; ``answered``: replies to apply; ``stepping``: env steps
-    running in threads. Slots are handed to the next job as soon as an episode ends.
+    running in threads. Jobs are admitted ``admit`` at a time (a *cohort*: 1 for a streaming agent, the batch for a
+    turn-synchronous one), each cohort as soon as there are free slots for all of it.
     """
 
-    def __init__(self, env_id: str, env_name: str, jobs: list[EpisodeJob], agent: Any, slots: EnvSlots, size: int,
-                 on_error: str, env_workers: int | None, hooks: _Hooks) -> None:  # fmt: skip
-        self.env_id, self.env_name, self.agent, self.slots = env_id, env_name, agent, slots
-        self.on_error, self.hooks, self.env_workers = on_error, hooks, env_workers
+    def __init__(self, env_id: str, jobs: list[EpisodeJob], agent: Any, slots: EnvSlots, size: int, on_error: str,
+                 hooks: _Hooks, *, admit: int, env_workers: int | None) -> None:  # fmt: skip
+        self.env_id, self.agent, self.slots = env_id, agent, slots
+        self.on_error, self.hooks, self.admit, self.env_workers = on_error, hooks, admit, env_workers
         self.jobs: deque[tuple[int, EpisodeJob]] = deque(enumerate(jobs))
         self.results: list[Episode | None] = [None] * len(jobs)
         self.free = list(range(min(size, max(len(jobs), 1))))[::-1]  # pop() gives slot 0 first
-        self.slot_of: dict[int, tuple[int, int]] = {}  # id(episode) -> (job index, slot)
+        self.slot_of: dict[int, tuple[int, int, _Cohort]] = {}  # id(episode) -> (job index, slot, cohort)
         self.to_ask: deque[Episode] = deque()
         self.answered: deque[tuple[Episode, AgentReply]] = deque()
         self.asked: dict[int, Episode] = {}  # id(episode) -> episode waiting for the agent
@@ -398,7 +419,7 @@ class _Stream:
                     self._ask(self.to_ask.popleft())
                 while self.answered:
                     self._apply(*self.answered.popleft())
-                if self.to_ask or self.answered or (self.jobs and self.free):
+                if self.to_ask or self.answered or self._can_start():
                     continue
                 if self.asked and self.agent.pending():
                     self._poll()
@@ -419,21 +440,27 @@ class _Stream:
         return [e for e in self.results if e is not None]
 
     # ---------------------------------------------------------------- episodes in and out of slots
+    def _can_start(self) -> bool:
+        return bool(self.jobs) and len(self.free) >= min(self.admit, len(self.jobs))
+
     def _start_jobs(self) -> None:
-        while self.jobs and self.free:
-            index, job = self.jobs.popleft()
-            slot = self.free.pop()
-            env = self.slots.get(slot)
-            if self.pool is None and self._workers(env) > 0:
-                self.pool = ThreadPoolExecutor(self._workers(env), thread_name_prefix="ragen-env")
-            episode = _start_episode(self.env_id, self.env_name, job, env, self.on_error)
-            self.slot_of[id(episode)] = (index, slot)
-            if episode.done:
-                self._end_episode(episode)
-                continue
-            if self.hooks.on_reset is not None:
-                self.hooks.on_reset(episode)
-            self.to_ask.append(episode)
+        while self._can_start():
+            cohort = _Cohort(live=min(self.admit, len(self.jobs)))  # complete only once every job of it has ended
+            for _ in range(cohort.live):
+                index, job = self.jobs.popleft()
+                slot = self.free.pop()
+                env = self.slots.get(slot)
+                if self.pool is None and self._workers(env) > 0:
+                    self.pool = ThreadPoolExecutor(self._workers(env), thread_name_prefix="ragen-env")
+                episode = _start_episode(self.env_id, self.hooks.env_name, job, env, self.on_error)
+                self.slot_of[id(episode)] = (index, slot, cohort)
+                cohort.episodes.append(episode)
+                if episode.done:  # a failed reset (on_error="record")
+                    self._end_episode(episode)
+                    continue
+                if self.hooks.on_reset is not None:
+                    self.hooks.on_reset(episode)
+                self.to_ask.append(episode)
 
     def _workers(self, env: gym.Env) -> int:
         if self.env_workers is not None:
@@ -441,16 +468,22 @@ class _Stream:
         return 4 if getattr(env.unwrapped, "io_bound", False) else 0
 
     def _end_episode(self, episode: Episode) -> None:
-        index, slot = self.slot_of.pop(id(episode))
+        _, _, cohort = self.slot_of[id(episode)]
         self.agent.release(episode)
-        if self.hooks.on_end is not None:
-            self.hooks.on_end([episode])  # the env still holds the final state
-        episode.env = None  # the slot is reused; the record keeps no live env
-        self.results[index] = episode
-        self.free.append(slot)
+        cohort.live -= 1
         _count(self.hooks.progress, 1)
         if self.hooks.progress is not None and hasattr(self.hooks.progress, "set_postfix_str"):
-            self.hooks.progress.set_postfix_str(f"{self.env_name}: {len(self.slot_of)} live")
+            live = len(self.slot_of) - len(cohort.episodes) + cohort.live
+            self.hooks.progress.set_postfix_str(f"{self.hooks.env_name}: {live} live")
+        if cohort.live:
+            return
+        if self.hooks.on_end is not None:
+            self.hooks.on_end(cohort.episodes)  # the envs still hold the final states
+        for ended in reversed(cohort.episodes):  # the slots back in order: the next cohort's first job gets the first
+            index, slot, _ = self.slot_of.pop(id(ended))
+            ended.env = None  # the slot is reused; the record keeps no live env
+            self.results[index] = ended
+            self.free.append(slot)
 
     # ---------------------------------------------------------------- the agent
     def _ask(self, episode: Episode) -> None:
@@ -543,48 +576,6 @@ def _start_episode(env_id: str, env_name: str, job: EpisodeJob, env: gym.Env, on
     episode.info = info
     episode.reset_info = info
     return episode
-
-
-def _play_batch(
-    batch: list[Episode], agent: Agent, on_error: str, progress: Any, env_name: str, on_step: Callable | None
-) -> None:
-    for turn in range(MAX_TURNS_GUARD):
-        live = [e for e in batch if not e.done]
-        if not live:
-            return
-        if progress is not None and hasattr(progress, "set_postfix_str"):
-            progress.set_postfix_str(f"{env_name} turn {turn + 1}, {len(live)} live")
-        try:
-            replies = list(agent.reply_batch(live))
-            if len(replies) != len(live):
-                raise RuntimeError(f"the agent returned {len(replies)} replies for {len(live)} episodes")
-        except Exception:
-            if on_error == "raise":
-                raise
-            message = traceback.format_exc(limit=3)
-            for e in live:
-                _end(e, error=message)
-            _count(progress, len(live))
-            continue
-        for episode, reply in zip(live, replies):
-            reply = reply if isinstance(reply, AgentReply) else AgentReply(str(reply))
-            if reply.stop is not None:
-                _end(episode, truncated=True, reason=reply.stop)
-            else:
-                try:
-                    _step(episode, reply)
-                    if on_step is not None:
-                        on_step(episode, episode.turns[-1])
-                except Exception:
-                    if on_error == "raise":
-                        raise
-                    _end(episode, error=traceback.format_exc(limit=3))
-            if episode.done:
-                _count(progress, 1)
-    for e in batch:
-        if not e.done:
-            _end(e, error=f"the episode did not end within {MAX_TURNS_GUARD} turns")
-            _count(progress, 1)
 
 
 def _step(episode: Episode, reply: AgentReply) -> None:

@@ -2,7 +2,8 @@
 # Check the declared lower bounds of transformers and TRL (pyproject.toml, the `train` extra): install exactly those
 # versions into a throwaway virtual environment layered over the current Python's packages, and run the tests that
 # touch their APIs (model and tokenizer loading from the bundled GGUF, the trainer, checkpoints and serving files,
-# the config parsers, the TRL integration). Run by CI after the main tests; needs `bash scripts/setup.sh` first.
+# the config parsers, the TRL integration, HFEngine's attention and cache hooks and its recorded replies). Run by CI
+# after the main tests; needs `bash scripts/setup.sh` first.
 #
 #   bash scripts/check_lower_bounds.sh            # venv in .venv-lower-bounds (reused when it is there)
 #
@@ -55,6 +56,8 @@ EOF
   tests/trainer/test_trainer.py \
   tests/trainer/test_ppo_updates.py \
   tests/trainer/test_hf_engine_cache.py \
+  tests/trainer/test_hf_engine_reference.py \
+  tests/trainer/test_hf_transformers_api.py \
   tests/trainer/test_checkpoint_portability.py \
   tests/trainer/test_serving_files.py \
   tests/evaluation/test_generation_settings.py

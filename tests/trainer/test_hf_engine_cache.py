@@ -380,7 +380,7 @@ def test_row_segments_are_the_cheapest_cover_of_the_rows(seed):
     import itertools
     import random
 
-    from ragen_trainer.engines.hf import _row_segments
+    from ragen_trainer.engines.hf.runner import row_segments as _row_segments
 
     rng = random.Random(seed)
     rows = rng.randint(1, 7)
@@ -398,24 +398,24 @@ def test_row_segments_are_the_cheapest_cover_of_the_rows(seed):
 
 
 def test_rows_of_close_lengths_attend_in_one_segment_and_far_ones_apart():
-    from ragen_trainer.engines.hf import _row_segments
+    from ragen_trainer.engines.hf.runner import row_segments as _row_segments
 
     assert _row_segments([500, 510, 505, 498], cost=160) == [(0, 4, 510)]
     assert _row_segments([900, 40, 41, 905], cost=160) == [(0, 1, 900), (1, 3, 41), (3, 4, 905)]
 
 
 def test_segmented_decode_attention_gives_the_replies_of_one_window(tiny_model, tiny_tokenizer, monkeypatch):
-    from ragen_trainer.engines import hf
+    from ragen_trainer.engines.hf import runner
 
     # Rows of very different lengths decoded together: a long multi-turn context beside short first turns.
     long_prompt = _prompt(tiny_tokenizer, "Turn 1:\nState:\n_ _ P O\n" * 30 + "Go left or right?")
     prompts = [long_prompt, _prompt(tiny_tokenizer, "reward"), _prompt(tiny_tokenizer, "think, then answer")]
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=4)
-    real = hf._row_segments
-    monkeypatch.setattr(hf, "_row_segments", lambda columns: [(0, len(columns), max(columns))])
+    real = runner.row_segments
+    monkeypatch.setattr(runner, "row_segments", lambda columns: [(0, len(columns), max(columns))])
     one_window = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
     expected = one_window.generate(prompts, params)
-    monkeypatch.setattr(hf, "_row_segments", lambda columns: real(columns, cost=0))  # every row its own window
+    monkeypatch.setattr(runner, "row_segments", lambda columns: real(columns, cost=0))  # every row its own window
     segmented = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
     replies = segmented.generate(prompts, params)
     assert [r.token_ids for r in replies] == [r.token_ids for r in expected]
@@ -428,7 +428,7 @@ def test_segmented_decode_attention_gives_the_replies_of_one_window(tiny_model, 
 # ------------------------------------------------------------------------------------------------ sampling
 @pytest.mark.parametrize("vocab", [5, 256, 1000, 49152])
 def test_blocked_inverse_cdf_sampling_draws_the_token_of_a_full_cumsum(vocab):
-    from ragen_trainer.engines.hf import _inverse_cdf_sample
+    from ragen_trainer.engines.hf.sampler import inverse_cdf_sample as _inverse_cdf_sample
 
     rows = 64
     source = torch.Generator().manual_seed(vocab)
@@ -446,7 +446,7 @@ def test_blocked_inverse_cdf_sampling_draws_the_token_of_a_full_cumsum(vocab):
 
 
 def test_sampling_never_draws_a_zero_probability_token_at_the_edges():
-    from ragen_trainer.engines.hf import _inverse_cdf_sample
+    from ragen_trainer.engines.hf.sampler import inverse_cdf_sample as _inverse_cdf_sample
 
     probs = torch.zeros(4, 600)
     probs[0, 0] = 1.0  # only the first token
@@ -456,3 +456,35 @@ def test_sampling_never_draws_a_zero_probability_token_at_the_edges():
     for seed in range(50):
         chosen = _inverse_cdf_sample(probs, [torch.Generator().manual_seed(seed + r) for r in range(4)])
         assert bool((probs.gather(-1, chosen[:, None]) > 0).all()), chosen.tolist()
+
+
+def _one_reply(session, prompt):
+    session.submit(GenerationRequest(key=0, prompt=prompt, seed=7))
+    replies = []
+    while session.busy:
+        replies += session.step()
+    return replies[0][1]
+
+
+def test_sessions_sharing_a_model_give_it_back_when_the_last_one_closes(tiny_model, tiny_tokenizer):
+    """Two engines on one model (the two seats of a self-play game): each session samples as if alone, and the model
+    gets its train mode and attention implementation back only when both are closed."""
+    before = tiny_model.config._attn_implementation
+    prompt = _prompt(tiny_tokenizer, "Arms: Dragon, Phoenix. Choose one.")
+    params = SamplingParams(max_new_tokens=6)
+    with HFEngine(tiny_model, tiny_tokenizer).session(params) as session:
+        alone = _one_reply(session, prompt)
+    outer = HFEngine(tiny_model, tiny_tokenizer).session(params)
+    inner = HFEngine(tiny_model, tiny_tokenizer).session(params)
+    outer.close()
+    assert not tiny_model.training and tiny_model.config._attn_implementation != before  # the inner one still uses it
+    assert _one_reply(inner, prompt).token_ids == alone.token_ids
+    inner.close()
+    inner.close()  # closing twice gives nothing back twice
+    assert tiny_model.training and tiny_model.config._attn_implementation == before
+
+
+def test_running_the_model_while_a_session_is_open_fails_with_what_to_do(tiny_model, tiny_tokenizer):
+    with HFEngine(tiny_model, tiny_tokenizer).session(GREEDY), pytest.raises(RuntimeError, match="close it"):
+        tiny_model(torch.tensor([[1, 2, 3]]))
+    assert tiny_model(torch.tensor([[1, 2, 3]])).logits.shape[1] == 3  # closed: the model's own attention again

@@ -1,0 +1,353 @@
+"""HFEngine's model runner: the model's forward passes over the batch cache, and how they attend.
+
+Prefill (*packed*). The prompts admitted together run through the model in one forward pass as a single packed
+sequence: the uncached tokens of every prompt one after the other, each with its own position ids, so no token is
+padding (a padded batch runs its linear layers on rows x longest prompt). Each prompt gets its row of the batch cache
+first (its reused keys copied in); every layer writes a prompt's new keys into its row (:class:`PackedLayer`) and
+attends prompt by prompt over that row (:meth:`PackedPlan.attend`).
+
+Decode. One token per live row, each row at its own position (its own length), so a row's attention and rotary
+positions are those of its sequence alone: batching does not change what a row sees. Every layer writes the rows'
+new keys at their own columns in place (:class:`ColumnLayer`). Attention reads only the columns rows hold: the rows
+are cut into consecutive *segments* (:func:`row_segments`), each attending over the columns ``[0, longest row of the
+segment]`` with an additive mask hiding the columns right of a shorter row, so rows at turn 1 do not read the padding
+up to a turn-5 row's length (one segment when the rows' lengths are close: a call costs more than a few padded
+columns).
+
+Attention. While a session is open its model runs ragen's attention function (:func:`ragen_attention`, registered
+with ``transformers``' attention interface and switched on for the session by :class:`ModelLease`, then switched
+back), which reads how to attend from the *plan* of the pass in progress (:class:`PackedPlan`, :class:`DecodePlan`).
+Everything this module asks of ``transformers`` goes through :mod:`~ragen_trainer.engines.hf.transformers_api`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+from weakref import WeakKeyDictionary
+
+import torch
+
+from ragen_trainer.engines.hf import transformers_api
+from ragen_trainer.engines.hf.cache import BatchCache, DecodeStep, ParkedCache
+from ragen_trainer.engines.hf.transformers_api import CacheLayer
+
+#: What one more attention call of a decode step costs, in (row, column) pairs attended: on CPU an SDPA call costs
+#: ~15 us and a row's column ~0.11 us (SmolLM2, 2 cores), so a segment of rows pays for itself once it saves this many
+#: padded columns. :func:`row_segments` splits the rows where that holds.
+SEGMENT_COST = 160
+
+
+@dataclass
+class PrefillJob:
+    """One prompt to encode and the requests that share it (several only for identical, uncached prompts)."""
+
+    prompt: list[int]
+    requests: list[Any]  # GenerationRequest
+    parked: ParkedCache | None
+
+
+class ModelRunner:
+    """Runs ``model``'s passes over a :class:`~ragen_trainer.engines.hf.cache.BatchCache` and counts the work in
+    ``stats`` (the engine's counters)."""
+
+    def __init__(self, model: Any, stats: dict[str, int]) -> None:
+        self.model = model
+        self.stats = stats
+        self.cache_keyword = transformers_api.cache_keyword(model)
+        try:
+            self.device = next(model.parameters()).device
+        except StopIteration:
+            self.device = torch.device("cpu")
+
+    def new_cache(self, max_rows: int) -> BatchCache:
+        """An empty batch cache of ``max_rows`` rows, in the model's dtype and on its device."""
+        parameter = next(self.model.parameters())
+        shape = transformers_api.attention_shape(self.model)
+        return BatchCache(shape, max_rows, dtype=parameter.dtype, device=parameter.device)
+
+    def prefill(self, cache: BatchCache, jobs: list[PrefillJob]) -> list[Any]:
+        """Encode the uncached part of each job's prompt in one packed forward pass, straight into new rows of
+        ``cache`` (one per request, in job order; room made by ``cache.reserve``); return each job's last-position
+        logits.
+
+        Layout of the pass (jobs with suffixes of ``s_i`` tokens after ``n_i`` reused ones): a new row is opened per
+        job, left-aligned like every row (its ``n_i + s_i`` tokens in columns ``[0, n_i + s_i)``), and its reused
+        keys are copied into the first ``n_i`` columns. The suffixes run through the model *packed*, one after another
+        in a single sequence of ``sum(s_i)`` tokens with their own position ids, so no token is padding. Each layer
+        writes a job's new keys into its row and attends job by job over the row's columns
+        (:meth:`PackedPlan.attend`): the linear layers see every token once and attention sees each job's own
+        sequence only. Rows of requests sharing a job are copies of its row.
+        """
+        plan = PackedPlan(cache)
+        ids: list[int] = []
+        positions: list[int] = []
+        for job in jobs:
+            length = len(job.prompt)
+            reused = min(len(job.parked.tokens), length - 1) if job.parked is not None else 0  # run one token at least
+            rows = [cache.open_row(length, job.parked.layers if reused else None, reused)]
+            rows += [cache.open_row(length) for _ in job.requests[1:]]  # copies of the first, filled after the pass
+            plan.add(rows, offset=len(ids), suffix=length - reused, length=length)
+            ids += job.prompt[reused:]
+            positions += range(reused, length)
+            self.stats["prefill_tokens"] += length - reused
+            self.stats["reused_tokens"] += reused + (len(job.requests) - 1) * length
+        last = torch.tensor([job.offset + job.suffix - 1 for job in plan.jobs], device=self.device)
+        with _attending(plan):
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self.device),
+                position_ids=torch.tensor([positions], device=self.device),
+                use_cache=True, logits_to_keep=last, **{self.cache_keyword: plan.cache_view()},
+            )  # fmt: skip
+        for job in plan.jobs:
+            for row in job.rows[1:]:
+                cache.fill_row(row, job.rows[0])
+        return [out.logits[0, i, :] for i in range(len(jobs))]
+
+    def decode(self, cache: BatchCache, last_tokens: list[int]) -> Any:
+        """Run one token per row of ``cache`` (``last_tokens[r]`` for row ``r``), writing their keys and values at
+        each row's next column; returns the logits ``[rows, vocab]``."""
+        inputs = torch.tensor([[token] for token in last_tokens], dtype=torch.long, device=self.device)
+        plan = DecodePlan(row_segments([n + 1 for n in cache.lengths]))  # each row's columns, new one included
+        step = cache.begin_step()
+        with _attending(plan):
+            out = self.model(
+                input_ids=inputs, position_ids=step.positions, attention_mask=step.mask, use_cache=True,
+                **{self.cache_keyword: transformers_api.cache_of([ColumnLayer(cache, i, step)
+                                                                  for i in range(len(cache.keys))])},
+            )  # fmt: skip
+        self.stats["decode_steps"] += 1
+        self.stats["decoded_rows"] += len(last_tokens)
+        self.stats["attended_columns"] += sum((stop - start) * window for start, stop, window in plan.segments)
+        self.stats["cached_columns"] += sum(cache.lengths) + len(last_tokens)
+        cache.end_step()
+        return out.logits[:, -1, :]
+
+
+# ---------------------------------------------------------------------------------------------------- the model lease
+@dataclass
+class _Lease:
+    sessions: int
+    was_training: bool
+    attention: str | None
+
+
+_leases: WeakKeyDictionary[Any, _Lease] = WeakKeyDictionary()
+
+
+class ModelLease:
+    """Holds ``model`` in sampling mode while a session uses it: eval mode (no dropout) and ragen's attention; the
+    last session to let go restores its train / eval mode and attention implementation. Sessions of several engines
+    may share one model (two seats of a self-play game)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        lease = _leases.get(model)
+        if lease is None:
+            transformers_api.register_attention(ragen_attention)
+            lease = _Lease(0, bool(model.training), transformers_api.attention_implementation(model))
+            model.eval()
+            try:
+                transformers_api.set_attention_implementation(model, transformers_api.ATTENTION_NAME)
+            except Exception:
+                transformers_api.set_attention_implementation(model, lease.attention)
+                model.train(lease.was_training)
+                raise
+            _leases[model] = lease
+        lease.sessions += 1
+        self._held = True
+
+    def release(self) -> None:
+        """Let go of the model (once; later calls do nothing)."""
+        if not self._held:
+            return
+        self._held = False
+        lease = _leases[self.model]
+        lease.sessions -= 1
+        if lease.sessions == 0:
+            del _leases[self.model]
+            transformers_api.set_attention_implementation(self.model, lease.attention)
+            if lease.was_training:
+                self.model.train()
+
+
+# ---------------------------------------------------------------------------------------------------- attention plans
+_attention_plan: ContextVar[PackedPlan | DecodePlan | None] = ContextVar("ragen_attention_plan", default=None)
+
+
+def ragen_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
+                    dropout: float = 0.0, **kwargs: Any) -> tuple[Any, None]:  # fmt: skip
+    """The attention function of HFEngine's passes, called by ``transformers`` in place of its own with the layer's
+    ``query`` / ``key`` / ``value`` ``[batch, heads, tokens, dim]``: the plan of the pass in progress says how to
+    attend. Returns ``[batch, tokens, heads, dim]`` as ``transformers``' functions do."""
+    plan = _attention_plan.get()
+    if plan is None:
+        raise RuntimeError(
+            "the model runs ragen's attention outside an HFEngine pass: an HFEngine session on it is still open "
+            "(close it, e.g. `with engine.session(params) as session: ...`, before running the model yourself)"
+        )
+    return plan.attend(module, query, key, value, attention_mask, scaling), None
+
+
+@contextmanager
+def _attending(plan: PackedPlan | DecodePlan) -> Iterator[None]:
+    """Make ``plan`` the plan :func:`ragen_attention` follows for the pass run inside."""
+    token = _attention_plan.set(plan)
+    try:
+        yield
+    finally:
+        _attention_plan.reset(token)
+
+
+@dataclass
+class PackedJob:
+    """One job of a packed prefill pass: its rows (the first is computed, the others copy it), where its suffix sits
+    in the packed sequence, and its length (reused + suffix tokens)."""
+
+    rows: list[int]
+    offset: int
+    suffix: int
+    length: int
+    mask: Any  # [suffix, length] additive: query i sees the columns up to its own position; None for a fresh prompt
+
+
+class PackedPlan:
+    """The jobs of one packed prefill pass (:meth:`ModelRunner.prefill`), read by :meth:`attend`."""
+
+    def __init__(self, cache: BatchCache) -> None:
+        self.cache = cache
+        self.jobs: list[PackedJob] = []
+
+    def add(self, rows: list[int], *, offset: int, suffix: int, length: int) -> None:
+        mask = None
+        if suffix < length:  # causal, aligned bottom-right: query i is token length - suffix + i of its sequence
+            device, dtype = self.cache.keys[0].device, self.cache.keys[0].dtype
+            columns = torch.arange(length, device=device)
+            future = columns[None, :] > (length - suffix + torch.arange(suffix, device=device))[:, None]
+            mask = torch.zeros(future.shape, dtype=dtype, device=device).masked_fill_(future, torch.finfo(dtype).min)
+        self.jobs.append(PackedJob(rows, offset, suffix, length, mask))
+
+    def cache_view(self) -> Any:
+        return transformers_api.cache_of([PackedLayer(self, i) for i in range(len(self.cache.keys))])
+
+    def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> Any:
+        """Attention of the pass, job by job: the queries of a job (its suffix in the packed sequence, ``query``
+        ``[1, heads, tokens, dim]``) attend over its row of the batch cache (reused keys, then the suffix's own,
+        written by :class:`PackedLayer`); ``key``, ``value`` and ``mask`` (the packed tokens' own) are not used.
+        Returns ``[1, tokens, heads, dim]``."""
+        keys, values = self.cache.keys[module.layer_idx], self.cache.values[module.layer_idx]
+        out = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+        grouped = query.shape[1] != keys.shape[1]
+        for job in self.jobs:
+            row = job.rows[0]
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                query[:, :, job.offset : job.offset + job.suffix],
+                keys[row : row + 1, :, : job.length],
+                values[row : row + 1, :, : job.length],
+                attn_mask=job.mask, is_causal=job.mask is None, scale=scaling, enable_gqa=grouped,
+            )  # fmt: skip
+            out[0, job.offset : job.offset + job.suffix] = attended[0].transpose(0, 1)
+        return out
+
+
+class PackedLayer(CacheLayer):
+    """One layer of the batch cache during a packed prefill pass: writes each job's new keys and values into its
+    row; attention reads them from there (:meth:`PackedPlan.attend`)."""
+
+    def __init__(self, plan: PackedPlan, layer: int) -> None:
+        super().__init__()
+        self.plan, self.layer = plan, layer
+
+    def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        keys, values = self.plan.cache.keys[self.layer], self.plan.cache.values[self.layer]
+        for job in self.plan.jobs:
+            new = slice(job.offset, job.offset + job.suffix)
+            keys[job.rows[0], :, job.length - job.suffix : job.length] = key_states[0, :, new]
+            values[job.rows[0], :, job.length - job.suffix : job.length] = value_states[0, :, new]
+        return key_states, value_states
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return query_length, 0
+
+
+class ColumnLayer(CacheLayer):
+    """One layer of the batch cache during a decode step: writes each row's new key and value at the row's own
+    column and gives attention the columns ``[0, window)`` of every row."""
+
+    def __init__(self, cache: BatchCache, layer: int, step: DecodeStep) -> None:
+        super().__init__()
+        self.cache, self.layer, self.step = cache, layer, step
+
+    def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        step = self.step
+        rows = len(step.lengths)
+        keys, values = self.cache.keys[self.layer], self.cache.values[self.layer]
+        keys[step.rows, :, step.lengths] = key_states[:, :, 0]
+        values[step.rows, :, step.lengths] = value_states[:, :, 0]
+        return keys[:rows, :, : step.window], values[:rows, :, : step.window]
+
+    def get_seq_length(self) -> int:
+        return max(self.cache.lengths)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return max(self.cache.lengths) + query_length, 0
+
+
+class DecodePlan:
+    """How a decode step attends: segment by segment of rows (:func:`row_segments`), each over its own window."""
+
+    def __init__(self, segments: list[tuple[int, int, int]]) -> None:
+        self.segments = segments
+
+    def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> Any:
+        """``query`` ``[rows, heads, 1, dim]`` over ``key`` / ``value`` ``[rows, kv_heads, window, dim]`` (the batch
+        cache's columns, this step's written) with the additive ``mask`` ``[rows, 1, 1, window]``; each segment reads
+        only its first ``window`` columns. Returns ``[rows, 1, heads, dim]``."""
+        rows, heads, _, dim = query.shape
+        kv_heads = key.shape[1]
+        # The query heads that share a key/value head side by side (repeat_kv's order): [rows, kv_heads, group, dim],
+        # so attention reads each key once instead of once per query head.
+        grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
+        out = query.new_empty(rows, 1, heads, dim)
+        for start, stop, window in self.segments:
+            attended = torch.nn.functional.scaled_dot_product_attention(
+                grouped[start:stop], key[start:stop, :, :window], value[start:stop, :, :window],
+                attn_mask=mask[start:stop, :, :, :window], scale=scaling,
+            )  # fmt: skip
+            out[start:stop, 0] = attended.reshape(stop - start, heads, dim)
+        return out
+
+
+def row_segments(columns: list[int], cost: int = SEGMENT_COST) -> list[tuple[int, int, int]]:
+    """Cut rows ``[0, len(columns))`` into consecutive segments ``(start, stop, window)``, ``window`` the most columns
+    a row of the segment holds, minimising the (row, column) pairs attended plus ``cost`` per segment.
+
+    Dynamic programming over the cut points (``best[i]``: cheapest cover of rows ``[0, i)``), ``O(rows^2)``; when the
+    rows' padding under one window costs less than a second segment, one segment is returned at once.
+    """
+    rows, widest = len(columns), max(columns)
+    if rows * widest - sum(columns) <= cost:
+        return [(0, rows, widest)]
+    best = [0.0] + [math.inf] * rows
+    cut = [0] * (rows + 1)
+    for stop in range(1, rows + 1):
+        window = 0
+        for start in range(stop - 1, -1, -1):
+            window = max(window, columns[start])
+            total = best[start] + (stop - start) * window + cost
+            if total < best[stop]:
+                best[stop], cut[stop] = total, start
+    segments = []
+    stop = rows
+    while stop > 0:
+        start = cut[stop]
+        segments.append((start, stop, max(columns[start:stop])))
+        stop = start
+    return segments[::-1]
