@@ -634,6 +634,18 @@ def enable_activation_checkpointing(model: Any) -> None:
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
+def disable_activation_checkpointing(model: Any) -> None:
+    """Undo :func:`enable_activation_checkpointing`, under the name transformers has."""
+    (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+
+
+def activation_checkpointing_on(model: Any) -> bool:
+    """Whether ``model`` recomputes its activations in the backward pass (either name transformers has)."""
+    if hasattr(type(model), "is_activation_checkpointing"):
+        return bool(model.is_activation_checkpointing)
+    return bool(getattr(model, "is_gradient_checkpointing", False))
+
+
 def load_policy_weights(model: Any, folder: str | os.PathLike[str]) -> None:
     """Load the policy weights of a checkpoint folder into ``model`` in place: a peft adapter
     (``adapter_model.safetensors``) into a peft model, else ``model.safetensors`` (or its shards). The critic

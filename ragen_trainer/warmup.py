@@ -31,8 +31,14 @@ import torch
 from ragen_envs.core import check_arg
 from ragen_envs.driver import play_episodes, rollout_jobs
 from ragen_trainer.evaluation.agents import RandomAgent
+from ragen_trainer.critic import chunked_token_logprobs
 from ragen_trainer.fileio import atomic_write_json
-from ragen_trainer.models import load_model_and_tokenizer
+from ragen_trainer.models import (
+    activation_checkpointing_on,
+    disable_activation_checkpointing,
+    enable_activation_checkpointing,
+    load_model_and_tokenizer,
+)
 from ragen_trainer.rollout import ChatTokens
 
 #: Reference agents whose replies the warm-up imitates.
@@ -77,10 +83,16 @@ def tokenize_chat(chat: ChatTokens, messages: list[dict[str, str]]) -> tuple[lis
 
 
 def supervised_warmup(model: Any, tokenizer: Any, chats: list[list[dict[str, str]]], *, epochs: int = 2,
-                      lr: float = 1e-4, batch_size: int = 4, seed: int = 0,
-                      progress: bool = True) -> list[float]:
+                      lr: float = 1e-4, batch_size: int = 4, seed: int = 0, progress: bool = True,
+                      activation_checkpointing: bool = True) -> list[float]:
     """Fine-tune ``model`` in place on the assistant tokens of ``chats`` (AdamW, ``epochs`` passes, shuffled); the
-    mean loss of each epoch."""
+    mean loss of each epoch.
+
+    The loss is the mean cross-entropy of the assistant tokens, as ``labels`` would give it, computed without the
+    full-vocabulary logits of every position: only the trained positions go through the LM head, in chunks
+    recomputed in the backward pass (:func:`ragen_trainer.critic.chunked_token_logprobs`). With
+    ``activation_checkpointing`` (the default) the transformer's layers recompute their activations in the backward
+    pass too: a multi-turn chat of ~1,300 tokens otherwise keeps gigabytes of activations per batch."""
     check_arg(isinstance(epochs, int) and epochs >= 1, "epochs", epochs, "an int >= 1")
     check_arg(lr > 0, "lr", lr, "a number > 0")
     chat = ChatTokens(tokenizer)
@@ -89,6 +101,11 @@ def supervised_warmup(model: Any, tokenizer: Any, chats: list[list[dict[str, str
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     device = next(model.parameters()).device
     rng = random.Random(seed)
+    switch_checkpointing = activation_checkpointing and not activation_checkpointing_on(model)
+    if switch_checkpointing:
+        enable_activation_checkpointing(model)
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    vocab = lm_head.weight.shape[0]
     model.train()
     losses = []
     for epoch in range(epochs):
@@ -105,23 +122,29 @@ def supervised_warmup(model: Any, tokenizer: Any, chats: list[list[dict[str, str
                 ids[r, : len(row_ids)] = torch.tensor(row_ids)
                 attn[r, : len(row_ids)] = 1
                 labels[r, : len(row_ids)] = torch.tensor([t if m else -100 for t, m in zip(row_ids, row_mask)])
-            out = model(input_ids=ids.to(device), attention_mask=attn.to(device), labels=labels.to(device))
-            out.loss.backward()
+            hidden = decoder(input_ids=ids.to(device), attention_mask=attn.to(device), use_cache=False).last_hidden_state
+            targets = labels[:, 1:].to(device)  # position t predicts token t + 1
+            trained = targets != -100
+            logp, _ = chunked_token_logprobs(hidden[:, :-1][trained], lm_head, targets[trained], vocab=vocab)
+            loss = -logp.mean()
+            loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             optimizer.zero_grad()
-            total, count = total + out.loss.item(), count + 1
+            total, count = total + loss.item(), count + 1
         losses.append(total / max(count, 1))
         if progress:
             print(f"warm-up epoch {epoch + 1}/{epochs}: loss {losses[-1]:.4f} ({time.perf_counter() - started:.0f} s)",
                   file=sys.stderr, flush=True)
+    if switch_checkpointing:
+        disable_activation_checkpointing(model)
     model.eval()
     return losses
 
 
 def warmup_model(model_name: str, env_id: str, env_kwargs: dict[str, Any], out_dir: str | Path, *,
                  agent: str = "random", episodes: int = 64, epochs: int = 2, lr: float = 1e-4, seed: int = 0,
-                 progress: bool = True) -> Path:
+                 progress: bool = True, activation_checkpointing: bool = True) -> Path:
     """Warm ``model_name`` up on ``agent``'s replies in ``env_id`` and save it (Hugging Face folder, tokenizer and
     ``ragen_warmup.json`` with the settings) to ``out_dir``; a folder that already holds this warm-up is reused."""
     out = Path(out_dir)
@@ -133,7 +156,8 @@ def warmup_model(model_name: str, env_id: str, env_kwargs: dict[str, Any], out_d
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(model_name)
     chats = reference_chats(env_id, env_kwargs, episodes=episodes, agent=agent, seed=seed)
-    losses = supervised_warmup(model, tokenizer, chats, epochs=epochs, lr=lr, seed=seed, progress=progress)
+    losses = supervised_warmup(model, tokenizer, chats, epochs=epochs, lr=lr, seed=seed, progress=progress,
+                               activation_checkpointing=activation_checkpointing)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -166,13 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--no-activation-checkpointing", dest="activation_checkpointing", action="store_false",
+                        help="keep every layer's activations (faster, far more memory on long chats)")
     args = parser.parse_args(argv)
     from ragen_trainer.config import StarPOConfig
 
     cfg = StarPOConfig(env_id=args.env, protocol=yaml.safe_load(args.protocol) or {},
                        env_kwargs=yaml.safe_load(args.env_kwargs) or {})  # fmt: skip
     out = warmup_model(args.model, args.env, cfg.env_make_kwargs(), args.out, agent=args.agent,
-                       episodes=args.episodes, epochs=args.epochs, lr=args.lr, seed=args.seed)  # fmt: skip
+                       episodes=args.episodes, epochs=args.epochs, lr=args.lr, seed=args.seed,
+                       activation_checkpointing=args.activation_checkpointing)  # fmt: skip
     print(f"warmed-up model in {out}")
     return 0
 
