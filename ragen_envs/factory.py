@@ -13,6 +13,7 @@ import gymnasium as gym
 
 from ragen_envs.core import BaseTextEnv, check_arg
 from ragen_envs.protocol import TurnProtocol
+from ragen_envs.rewards import wrap_rewards
 from ragen_envs.settings import ProtocolSettings, merge_settings, split_protocol_kwargs
 
 
@@ -53,7 +54,5 @@ def make_text_env(
     )
     env: gym.Env = TurnProtocol(cls(**kwargs), settings)
     if reward_wrappers:
-        from ragen_envs.rewards import wrap_rewards  # only loaded when asked for: ``import ragen_envs`` stays light
-
         env = wrap_rewards(env, reward_wrappers)
     return env

@@ -45,10 +45,20 @@ import math
 import re
 import types
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+import yaml
+
+from ragen_envs import reference_settings
+from ragen_envs.core import check_arg
+from ragen_envs.games import GAMES, OPPONENT_NAMES, game_of
+from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+from ragen_trainer.fileio import atomic_write_text
+from ragen_trainer.filtering import num_kept
+from ragen_trainer.models import list_checkpoints, read_checkpoint_info
 from ragen_trainer.safe_yaml import load_yaml, load_yaml_file
 
 #: Allowed values of the fields that take one of a few names.
@@ -70,6 +80,27 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "old_logprob_pass": ("auto", "always"),
     "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
 }
+
+#: Pool entries besides a game's fixed opponents: the current policy and its earlier snapshots.
+POLICY_OPPONENTS: tuple[str, ...] = ("self", "past")
+
+
+def check_opponent_pool(env_id: str, pool: Sequence[str]) -> None:
+    """Raise a ``ValueError`` unless ``pool`` (non-empty) names opponents of ``env_id``'s game and PettingZoo is
+    installed; the message names what is accepted."""
+    game = game_of(env_id)
+    ids = sorted(entry.env_id for entry in GAMES.values())
+    check_arg(game is not None, "env_id", env_id, f"a game id ({', '.join(ids)}) when opponent_pool is set (self-play)")
+    assert game is not None
+    allowed = list(POLICY_OPPONENTS) + list(OPPONENT_NAMES[game])
+    bad = [p for p in pool if p not in allowed]
+    check_arg(not bad and len(pool) > 0, "opponent_pool", list(pool), f"a list of names from {allowed}")
+    if importlib.util.find_spec("pettingzoo") is None:  # looked up, not imported: validation stays light
+        raise ValueError(
+            f"invalid config field opponent_pool={list(pool)!r}: self-play plays the PettingZoo games, which need "
+            "the pettingzoo package, not installed here; install it with pip install 'ragen[games]'"
+        )
+
 
 #: Names accepted for ``report_to``; ``console`` and ``jsonl`` are ragen's own, the others go to TRL/transformers.
 REPORTERS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
@@ -420,8 +451,6 @@ class StarPOConfig:
             warnings.warn(advice, UserWarning, stacklevel=2)
         self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
         if self.opponent_pool:
-            from ragen_trainer.selfplay import check_opponent_pool
-
             try:
                 check_opponent_pool(self.env_id, self.opponent_pool)
             except ValueError as exc:
@@ -444,9 +473,6 @@ class StarPOConfig:
         """The :class:`ragen_envs.ProtocolSettings` the run's env plays with: the env id's reference values, then
         ``protocol``, then protocol fields inside ``env_kwargs``; a field set in both places to different values is a
         ``ValueError`` naming both."""
-        from ragen_envs import reference_settings
-        from ragen_envs.settings import FIELD_NAMES, merge_settings
-
         try:
             base = reference_settings(self.env_id)
         except ValueError as exc:
@@ -461,8 +487,6 @@ class StarPOConfig:
     def env_make_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``gymnasium.make(env_id, ...)``: the env's own ``env_kwargs`` and the resolved
         protocol settings (so the env plays exactly :meth:`protocol_settings`)."""
-        from ragen_envs.settings import FIELD_NAMES
-
         kwargs = {k: v for k, v in self.env_kwargs.items() if k not in FIELD_NAMES and k != "protocol"}
         kwargs["protocol"] = self.protocol_settings()
         return kwargs
@@ -470,8 +494,6 @@ class StarPOConfig:
     @property
     def kept_groups(self) -> int:
         """Initial-state groups kept per step by StarPO-S filtering (:func:`ragen_trainer.filtering.num_kept`)."""
-        from ragen_trainer.filtering import num_kept
-
         return num_kept(self.env_groups, self.filter_ratio, self.filter_round)
 
     @property
@@ -482,14 +504,10 @@ class StarPOConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        import yaml
-
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def save(self, path: str | Path) -> None:
         """Write the config as YAML, atomically (a reader sees the old file or the new one)."""
-        from ragen_trainer.fileio import atomic_write_text
-
         atomic_write_text(path, self.to_yaml())
 
     def replace(self, **changes: Any) -> StarPOConfig:
@@ -670,8 +688,6 @@ def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
 
 def _apply_fields(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
     """:func:`apply_overrides` for every field but ``preset`` and ``reference``."""
-    from ragen_envs.settings import FIELD_NAMES, ProtocolSettings
-
     kinds = field_kinds()
     protocol_hints = get_type_hints(ProtocolSettings)
     names = field_names()
@@ -905,8 +921,6 @@ def config_differences(old: dict[str, Any], new: StarPOConfig,
 
 
 def _comparable(data: dict[str, Any]) -> dict[str, Any]:
-    from ragen_envs.settings import FIELD_NAMES
-
     known = {k: v for k, v in data.items() if k in set(field_names())}
     try:
         cfg = apply_overrides(StarPOConfig(), known)
@@ -927,8 +941,6 @@ def _stored_config(out: Path) -> tuple[dict[str, Any] | None, str | None]:
             data = None
         if isinstance(data, dict):
             return data, str(path)
-    from ragen_trainer.models import list_checkpoints, read_checkpoint_info
-
     for _, folder in reversed(list_checkpoints(out)):
         info = read_checkpoint_info(folder).get("config")
         if isinstance(info, dict):

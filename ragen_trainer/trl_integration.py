@@ -58,14 +58,16 @@ from ragen_envs.driver import GROUP_RANDOMNESS, EpisodeJob, dynamics_seed, play_
 from ragen_envs.registration import reference_settings
 from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
 from ragen_trainer.engines.base import SamplingParams
+from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.filtering import FILTER_MODES, FILTER_ROUNDING, FilterResult, filter_groups
-from ragen_trainer.rollout import REPLY_TOKENS, TokenAgent, check_reply_tokens
+from ragen_trainer.rollout import REPLY_TOKENS, ChatTokens, TokenAgent, check_reply_tokens
 from ragen_trainer.trajectory import Trajectory
 
-try:  # the trainer class needs TRL; the data, reward and rollout helpers do not
+try:
     from trl import GRPOTrainer as _GRPOTrainer
-except ImportError:  # pragma: no cover - TRL is a dependency of ragen_trainer
-    _GRPOTrainer = object  # type: ignore[assignment,misc]
+except ImportError as exc:  # a missing extra is named, never a trainer class that silently is not TRL's
+    raise ImportError(f"ragen_trainer.trl_integration needs TRL ({exc}), which the train extra installs: "
+                      "pip install 'ragen[train]'") from exc
 
 #: The columns :func:`initial_state_dataset` writes (besides ``prompt``); :class:`EpisodeSpec` reads them.
 SPEC_COLUMNS: tuple[str, ...] = ("env_id", "seed", "protocol", "env_kwargs", "group_randomness")
@@ -215,8 +217,6 @@ def render_prompt(messages: list[dict[str, str]], tokenizer: Any, prefix: str = 
     the prefix. Tokenising ``text`` in one piece (what TRL does with a text prompt) may merge tokens across the
     boundary and so differ from ``ids`` for some tokenizers.
     """
-    from ragen_trainer.rollout import ChatTokens
-
     chat = ChatTokens(tokenizer)
     text = tokenizer.apply_chat_template(chat.chat_messages(messages), tokenize=False, add_generation_prompt=True)
     ids = chat.encode(text) + (chat.encode(prefix) if prefix else [])
@@ -544,8 +544,6 @@ class RagenRollout:
                     "model unless given an engine; pass RagenRollout(engine=...) (e.g. ragen's VLLMEngine) or set "
                     "use_vllm=False"
                 )
-            from ragen_trainer.engines.hf import HFEngine
-
             engine = HFEngine(model, tokenizer, batch_size=self.batch_size or max(len(specs), 1))
         else:
             engine.update_weights(model)

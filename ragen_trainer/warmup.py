@@ -30,6 +30,7 @@ import torch
 
 from ragen_envs.core import check_arg
 from ragen_envs.driver import play_episodes, rollout_jobs
+from ragen_trainer.config import StarPOConfig
 from ragen_trainer.evaluation.agents import RandomAgent
 from ragen_trainer.fileio import atomic_write_json
 from ragen_trainer.models import load_model_and_tokenizer
@@ -167,8 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
-    from ragen_trainer.config import StarPOConfig
-
     cfg = StarPOConfig(env_id=args.env, protocol=yaml.safe_load(args.protocol) or {},
                        env_kwargs=yaml.safe_load(args.env_kwargs) or {})  # fmt: skip
     out = warmup_model(args.model, args.env, cfg.env_make_kwargs(), args.out, agent=args.agent,

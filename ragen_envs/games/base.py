@@ -27,6 +27,9 @@ import numpy as np
 
 from ragen_envs.core import check_arg
 
+#: The PettingZoo agents of the two seats, seat 0 first.
+AGENTS: tuple[str, str] = ("player_0", "player_1")
+
 #: Reward of a won, drawn and lost board game (the single-agent view and the PettingZoo seats use the same values).
 WIN, DRAW, LOSS = 1.0, 0.5, 0.0
 #: The two seats; seat 0 moves first in turn-based games.

@@ -67,14 +67,15 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils import wrappers
 
 from ragen_envs.core import check_arg, default_info
-from ragen_envs.games.base import INVALID_CAP, GameCore
+from ragen_envs.games import GAMES
+from ragen_envs.games.base import AGENTS, INVALID_CAP, GameCore
 from ragen_envs.games.view import SeatView
 from ragen_envs.protocol import TurnProtocol
+from ragen_envs.registration import reference_settings
+from ragen_envs.rewards import wrap_rewards
 from ragen_envs.settings import ProtocolSettings, merge_settings, split_protocol_kwargs
 from ragen_envs.spaces import UnicodeText
 
-#: The agents, seat 0 first.
-AGENTS: tuple[str, str] = ("player_0", "player_1")
 #: Longest reply the action space samples (replies of any length are accepted).
 MAX_SAMPLED_REPLY = 256
 #: Protocol fields the game sets in PettingZoo (the turn budget).
@@ -144,8 +145,6 @@ class SeatProtocol(TurnProtocol):
 
 def _resolve_game(game: str | GameCore, game_kwargs: dict[str, Any]) -> tuple[GameCore, str]:
     """The game core and its single-agent id, from a name of :data:`ragen_envs.games.GAMES` or a core instance."""
-    from ragen_envs.games import GAMES  # the table lives with the games; imported here to avoid an import cycle
-
     if isinstance(game, GameCore):
         check_arg(not game_kwargs, "game_kwargs", sorted(game_kwargs), "none when game is a GameCore instance")
         matches = [g.env_id for g in GAMES.values() if isinstance(game, g.core)]
@@ -191,8 +190,6 @@ class _TextGameBase:
         self.protocols = [SeatProtocol(view, self.settings) for view in self.views]
         self.chains: list[gym.Env] = list(self.protocols)
         if reward_wrappers:
-            from ragen_envs.rewards import wrap_rewards  # loaded only when asked for, as in make_text_env
-
             self.chains = [wrap_rewards(p, reward_wrappers) for p in self.protocols]
         self.observation_spaces = {a: UnicodeText(self.settings.max_observation_chars) for a in AGENTS}
         self.action_spaces = {a: UnicodeText(MAX_SAMPLED_REPLY) for a in AGENTS}
@@ -204,8 +201,6 @@ class _TextGameBase:
         self, env_id: str, protocol: ProtocolSettings | Mapping[str, Any] | None, fields: dict[str, Any]
     ) -> ProtocolSettings:
         """The seats' protocol settings: the game's registered ones, the caller's on top, the game's turn budget."""
-        from ragen_envs.registration import reference_settings
-
         base = reference_settings(env_id) if env_id else ProtocolSettings()
         whole = isinstance(protocol, ProtocolSettings)  # a whole settings object carries every field
         given = protocol.to_dict() if isinstance(protocol, ProtocolSettings) else protocol
