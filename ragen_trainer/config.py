@@ -55,9 +55,17 @@ import yaml
 from ragen_envs import reference_settings
 from ragen_envs.core import check_arg
 from ragen_envs.games import GAMES, OPPONENT_NAMES, game_of
+from ragen_envs.games.base import check_turn_budget_unchanged
 from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
 from ragen_trainer.fileio import atomic_write_text
-from ragen_trainer.filtering import num_kept
+from ragen_trainer.filtering import (
+    DEFAULT_FILTER_RATIO,
+    FILTER_MODES,
+    FILTER_ROUNDING,
+    KEEP_RATIO_RANGE,
+    num_kept,
+    valid_keep_ratio,
+)
 from ragen_trainer.models import list_checkpoints, read_checkpoint_info
 from ragen_trainer.safe_yaml import load_yaml, load_yaml_file
 
@@ -65,8 +73,8 @@ from ragen_trainer.safe_yaml import load_yaml, load_yaml_file
 CHOICES: dict[str, tuple[Any, ...]] = {
     "adv_estimator": ("gae", "grpo", "bilevel_gae"),
     "critic": ("none", "value_head", "value_model"),
-    "filter_mode": ("std", "std_rev"),
-    "filter_round": ("floor", "ceil"),
+    "filter_mode": FILTER_MODES,
+    "filter_round": FILTER_ROUNDING,
     "kl_estimator": ("k1", "k3"),
     "loss_agg_mode": ("micro-token-mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "loss_mask": ("after_system", "replies"),
@@ -233,7 +241,8 @@ class StarPOConfig:
 
     # ------------------------------------------------------------------ StarPO-S filtering (Sec. 4.1)
     filter_ratio: float = _f(
-        0.25, "Keep ratio: the fraction of initial-state groups kept by in-group reward std (1.0 = no filtering)."
+        DEFAULT_FILTER_RATIO,
+        "Keep ratio: the fraction of initial-state groups kept by in-group reward std (1.0 = no filtering).",
     )
     filter_mode: str = _f("std", "Ranking of groups: std keeps the highest in-group reward std, std_rev the lowest.")
     filter_round: str = _f(
@@ -401,7 +410,7 @@ class StarPOConfig:
                f"an int < max_context_tokens ({self.max_context_tokens})")
         for name in ("gamma", "lam", "turn_gamma", "turn_lam"):
             _check(0.0 <= getattr(self, name) <= 1.0, name, getattr(self, name), "a number in [0, 1]")
-        _check(0.0 < self.filter_ratio <= 1.0, "filter_ratio", self.filter_ratio, "a number in (0, 1]")
+        _check(valid_keep_ratio(self.filter_ratio), "filter_ratio", self.filter_ratio, KEEP_RATIO_RANGE)
         for name in ("clip_low", "clip_high"):
             _check(0.0 < getattr(self, name) < 1.0, name, getattr(self, name), "a number in (0, 1)")
         for name in ("kl_coef", "kl_reward_coef", "entropy_coef", "value_loss_coef", "weight_decay", "value_clip"):
@@ -453,6 +462,7 @@ class StarPOConfig:
         if self.opponent_pool:
             try:
                 check_opponent_pool(self.env_id, self.opponent_pool)
+                check_turn_budget_unchanged(self.protocol_settings(), reference_settings(self.env_id))
             except ValueError as exc:
                 raise ValueError(str(exc).replace("invalid argument", "invalid config field", 1)) from None
             _check(self.opponent_snapshot_every >= 1, "opponent_snapshot_every", self.opponent_snapshot_every,

@@ -42,6 +42,22 @@ INVALID_CAP = 3
 _STRIP = "\"'`.,;:!?[](){}*<> \t\n"
 
 
+#: The protocol fields that bound a seat's turns; in a two-seat game its own turn budget bounds them instead.
+TURN_BUDGET_FIELDS: tuple[str, ...] = ("max_turns", "max_actions_per_episode")
+
+
+def check_turn_budget_unchanged(settings: Any, registered: Any) -> None:
+    """Raise a ``ValueError`` when ``settings`` (a ``ProtocolSettings``) changes a turn-budget field from the game id's
+    ``registered`` settings. A game played by both seats (PettingZoo, self-play) ends by its rules: a seat's budget
+    is the game's own setting (``max_moves + 2 * invalid_cap``, the ``turn_budget`` of the PettingZoo env), so a
+    changed ``max_turns`` would be replaced; it is refused here instead of being replaced silently."""
+    for name in TURN_BUDGET_FIELDS:
+        mine, theirs = getattr(settings, name), getattr(registered, name)
+        check_arg(mine == theirs, name, mine, f"the game's registered {theirs}: when both seats play (PettingZoo, "
+                  "self-play) the game's own turn budget (max_moves + 2 * invalid_cap, set with invalid_cap) bounds "
+                  "a seat's turns, not the protocol")  # fmt: skip
+
+
 def normalize_move_text(text: str) -> str:
     """``text`` lower-cased, its whitespace collapsed and quotes, brackets and trailing punctuation stripped."""
     return re.sub(r"\s+", " ", text.strip(_STRIP).lower()).strip(_STRIP)

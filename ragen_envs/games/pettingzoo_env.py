@@ -68,7 +68,7 @@ from pettingzoo.utils import wrappers
 
 from ragen_envs.core import check_arg, default_info
 from ragen_envs.games import GAMES
-from ragen_envs.games.base import AGENTS, INVALID_CAP, GameCore
+from ragen_envs.games.base import AGENTS, INVALID_CAP, GameCore, check_turn_budget_unchanged
 from ragen_envs.games.view import SeatView
 from ragen_envs.protocol import TurnProtocol
 from ragen_envs.registration import reference_settings
@@ -206,8 +206,11 @@ class _TextGameBase:
         given = protocol.to_dict() if isinstance(protocol, ProtocolSettings) else protocol
         check_arg(given is None or isinstance(given, Mapping), "protocol", protocol, "a dict or a ProtocolSettings")
         given = dict(given or {})
-        # A whole ProtocolSettings has every field: its turn budget is replaced by the game's. Given one by one
-        # (keywords, a dict), a turn-budget field is a mistake to report, except one move per turn.
+        # A whole ProtocolSettings has every field: its turn budget must be the registered one (the game's replaces
+        # it; a changed one is refused, never replaced silently). Given one by one (keywords, a dict), a turn-budget
+        # field is a mistake to report, except one move per turn.
+        if whole and env_id:
+            check_turn_budget_unchanged(protocol, base)
         explicit = {**({} if whole else given), **fields}
         per_turn = explicit.get("actions_per_turn", 1)
         check_arg(per_turn == 1, "actions_per_turn", per_turn, "1 (a game takes one move per turn)")
@@ -221,8 +224,14 @@ class _TextGameBase:
         given = {k: v for k, v in given.items() if k not in _GAME_OWNED}
         fields = {k: v for k, v in fields.items() if k not in _GAME_OWNED}
         settings = merge_settings(base, [("the protocol argument", given), ("keyword arguments", fields)])
-        budget = max(self.core.max_moves(0), self.core.max_moves(1)) + 2 * self.invalid_cap
+        budget = self.turn_budget
         return settings.updated({"actions_per_turn": 1, "max_turns": budget, "max_actions_per_episode": budget})
+
+    @property
+    def turn_budget(self) -> int:
+        """The game's own move budget per seat: the most moves a seat can need plus ``2 * invalid_cap`` (what the
+        seats' ``max_turns`` and ``max_actions_per_episode`` are set to)."""
+        return max(self.core.max_moves(0), self.core.max_moves(1)) + 2 * self.invalid_cap
 
     # ------------------------------------------------------------------ spaces, render
     def observation_space(self, agent: str) -> gym.spaces.Space:
