@@ -458,11 +458,11 @@ class StarPOConfig:
         advice = pure_low_precision_advice(self.master_dtype, self.actor_lr)
         if advice:
             warnings.warn(advice, UserWarning, stacklevel=2)
-        self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
+        settings = self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
         if self.opponent_pool:
             try:
                 check_opponent_pool(self.env_id, self.opponent_pool)
-                check_turn_budget_unchanged(self.protocol_settings(), reference_settings(self.env_id))
+                check_turn_budget_unchanged(settings, reference_settings(self.env_id))
             except ValueError as exc:
                 raise ValueError(str(exc).replace("invalid argument", "invalid config field", 1)) from None
             _check(self.opponent_snapshot_every >= 1, "opponent_snapshot_every", self.opponent_snapshot_every,
@@ -494,11 +494,13 @@ class StarPOConfig:
         except ValueError as exc:
             raise ValueError(f"invalid config: {exc}") from None
 
-    def env_make_kwargs(self) -> dict[str, Any]:
+    def env_make_kwargs(self, settings: ProtocolSettings | None = None) -> dict[str, Any]:
         """Keyword arguments for ``gymnasium.make(env_id, ...)``: the env's own ``env_kwargs`` and the resolved
-        protocol settings (so the env plays exactly :meth:`protocol_settings`)."""
+        protocol settings as one object (so the env plays exactly :meth:`protocol_settings`, and the env factory
+        uses that object as it is). ``settings``: the run's already resolved :meth:`protocol_settings`, so that a
+        caller that holds them does not resolve them again."""
         kwargs = {k: v for k, v in self.env_kwargs.items() if k not in FIELD_NAMES and k != "protocol"}
-        kwargs["protocol"] = self.protocol_settings()
+        kwargs["protocol"] = settings if settings is not None else self.protocol_settings()
         return kwargs
 
     @property

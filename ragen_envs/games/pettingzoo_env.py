@@ -35,9 +35,10 @@ seat's moves since its last one; the seat's first message carries the instructio
 Settings: the game's registered single-agent settings (``reference_settings("ragen/TicTacToe-v0")`` ...), with
 ``protocol=`` (a dict or :class:`~ragen_envs.settings.ProtocolSettings`) and keyword fields on top, except the turn
 budget, which the game owns: one move per turn (``actions_per_turn`` must stay 1), and ``max_turns`` /
-``max_actions_per_episode`` are set to ``max_moves + 2 * invalid_cap`` per seat, so the protocol never ends a game
-before its rules do (setting them by keyword or in a dict is an error; a whole ``ProtocolSettings`` has them
-replaced).
+``max_actions_per_episode`` are set to ``max_moves + 2 * invalid_cap`` per seat (:attr:`turn_budget`), so the
+protocol never ends a game before its rules do (setting them by keyword or in a dict is an error; a whole
+``ProtocolSettings`` must carry the id's registered values there, which the budget replaces; changed ones are an
+error, never replaced silently).
 
 Invalid turns. A turn in which no move was played (unparseable reply, illegal or unknown move, a non-``str`` action)
 has the protocol's format penalty and ``info["reason"]``; in turn-based games the same seat moves again, in the

@@ -47,3 +47,21 @@ def test_the_pettingzoo_game_names_its_turn_budget_and_refuses_a_changed_one():
     assert env.unwrapped.turn_budget == 5 + 2 * 2 == env.unwrapped.settings.max_turns
     with pytest.raises(ValueError, match="max_turns=4: expected the game's registered 8"):
         aec_env("tictactoe", protocol=registered.updated({"max_turns": 4}))
+
+
+def test_the_resolved_protocol_is_one_object_from_config_to_env():
+    """The config resolves the protocol once; gymnasium.make plays that very object (no dict round trip, no second
+    merge); keywords on top of it still meet the conflict check."""
+    import gymnasium as gym
+
+    cfg = load_config("starpo-s").replace(env_id="ragen/FrozenLake-v0", max_turns=3).validate()
+    settings = cfg.protocol_settings()
+    kwargs = cfg.env_make_kwargs(settings)
+    assert kwargs["protocol"] is settings and settings.max_turns == 3
+    env = gym.make(cfg.env_id, **kwargs)
+    try:
+        assert env.get_wrapper_attr("settings") is settings
+    finally:
+        env.close()
+    with pytest.raises(ValueError, match="max_turns.*given twice"):
+        gym.make(cfg.env_id, **kwargs, max_turns=4)
