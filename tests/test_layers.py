@@ -180,6 +180,10 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
         ("import ragen_trainer.config as c; c.load_config('starpo-s').validate()",
          ("torch", "transformers", "trl", "ragen_trainer.engines", "ragen_trainer.selfplay", "ragen_trainer.rollout")),
         ("import ragen_envs", ("torch", "ragen_trainer", "webshop_server")),
+        # saving a checkpoint reads the suites' definitions (the model card's eval command), not the leaderboard
+        ("import ragen_trainer.model_card", ("ragen_trainer.evaluation.leaderboard", "ragen_trainer.evaluation.runner",
+                                             "ragen_trainer.evaluation.agents", "ragen_trainer.trainer",
+                                             "ragen_trainer.engines")),
     ],
 )
 def test_light_imports_stay_light(statement, heavy):
