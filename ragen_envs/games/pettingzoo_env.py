@@ -37,8 +37,8 @@ Settings: the game's registered single-agent settings (``reference_settings("rag
 budget, which the game owns: one move per turn (``actions_per_turn`` must stay 1), and ``max_turns`` /
 ``max_actions_per_episode`` are set to ``max_moves + 2 * invalid_cap`` per seat (:attr:`turn_budget`), so the
 protocol never ends a game before its rules do (setting them by keyword or in a dict is an error; a whole
-``ProtocolSettings`` must carry the id's registered values there, which the budget replaces; changed ones are an
-error, never replaced silently).
+``ProtocolSettings`` has them replaced, with a ``UserWarning`` naming both values when they differ from the id's
+registered ones).
 
 Invalid turns. A turn in which no move was played (unparseable reply, illegal or unknown move, a non-``str`` action)
 has the protocol's format penalty and ``info["reason"]``; in turn-based games the same seat moves again, in the
@@ -58,6 +58,7 @@ live seat are refreshed after each step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -69,7 +70,7 @@ from pettingzoo.utils import wrappers
 
 from ragen_envs.core import check_arg, default_info
 from ragen_envs.games import GAMES
-from ragen_envs.games.base import AGENTS, INVALID_CAP, GameCore, check_turn_budget_unchanged
+from ragen_envs.games.base import AGENTS, INVALID_CAP, GameCore, turn_budget_changes
 from ragen_envs.games.view import SeatView
 from ragen_envs.protocol import TurnProtocol
 from ragen_envs.registration import reference_settings
@@ -207,11 +208,17 @@ class _TextGameBase:
         given = protocol.to_dict() if isinstance(protocol, ProtocolSettings) else protocol
         check_arg(given is None or isinstance(given, Mapping), "protocol", protocol, "a dict or a ProtocolSettings")
         given = dict(given or {})
-        # A whole ProtocolSettings has every field: its turn budget must be the registered one (the game's replaces
-        # it; a changed one is refused, never replaced silently). Given one by one (keywords, a dict), a turn-budget
-        # field is a mistake to report, except one move per turn.
+        # A whole ProtocolSettings has every field: its turn budget is replaced by the game's, with a warning that
+        # names both when it differs from the registered one (never silently). Given one by one (keywords, a dict),
+        # a turn-budget field is a mistake to report, except one move per turn.
         if whole and env_id:
-            check_turn_budget_unchanged(protocol, base)
+            changed = turn_budget_changes(protocol, base)
+            if changed:
+                given_text = ", ".join(f"{name}={mine} (registered: {theirs})"
+                                       for name, (mine, theirs) in changed.items())  # fmt: skip
+                warnings.warn(f"{env_id}: the protocol's {given_text} replaced by the game's own turn budget "
+                              f"{self.turn_budget} (max_moves + 2 * invalid_cap; set it with invalid_cap): when both "
+                              "seats play, the game's rules end it", UserWarning, stacklevel=4)  # fmt: skip
         explicit = {**({} if whole else given), **fields}
         per_turn = explicit.get("actions_per_turn", 1)
         check_arg(per_turn == 1, "actions_per_turn", per_turn, "1 (a game takes one move per turn)")

@@ -38,15 +38,16 @@ def test_self_play_refuses_a_max_turns_the_game_would_replace():
         base.replace(max_turns=5).validate()
 
 
-def test_the_pettingzoo_game_names_its_turn_budget_and_refuses_a_changed_one():
+def test_the_pettingzoo_game_names_its_turn_budget_and_says_when_it_replaces_a_changed_one():
     pytest.importorskip("pettingzoo")
     from ragen_envs.games import aec_env
 
     registered = ragen_envs.reference_settings("ragen/TicTacToe-v0")
     env = aec_env("tictactoe", protocol=registered, invalid_cap=2)
     assert env.unwrapped.turn_budget == 5 + 2 * 2 == env.unwrapped.settings.max_turns
-    with pytest.raises(ValueError, match="max_turns=4: expected the game's registered 8"):
-        aec_env("tictactoe", protocol=registered.updated({"max_turns": 4}))
+    with pytest.warns(UserWarning, match=r"max_turns=4 \(registered: 8\) replaced by the game's own turn budget 11"):
+        env = aec_env("tictactoe", protocol=registered.updated({"max_turns": 4}))
+    assert env.unwrapped.settings.max_turns == 11
 
 
 def test_the_resolved_protocol_is_one_object_from_config_to_env():
