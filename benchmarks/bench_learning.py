@@ -37,6 +37,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragen_trainer.config import load_config
+from ragen_trainer.models import load_model_and_tokenizer
+from ragen_trainer.trainer import StarPOTrainer
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CHATML = (
@@ -81,15 +85,10 @@ def build_tiny(seed: int = 0) -> tuple[Any, Any]:
 def load(model_name: str, seed: int) -> tuple[Any, Any]:
     if model_name == "tiny":
         return build_tiny(seed)
-    from ragen_trainer.models import load_model_and_tokenizer
-
     return load_model_and_tokenizer(model_name, device="cpu", dtype="float32")
 
 
 def run(preset: str, model: Any, tok: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from ragen_trainer.config import load_config
-    from ragen_trainer.trainer import StarPOTrainer
-
     tiny = args.model == "tiny"
     cfg = load_config(preset).replace(
         reference="latest",  # the documented comparison ran at today's reference (replies-only loss mask)

@@ -47,6 +47,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragen_trainer.engines import SamplingParams
+from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.engines.hf_generate import GenerateEngine
+from ragen_trainer.engines.vllm import VLLMEngine
+from ragen_trainer.models import load_model_and_tokenizer
+from ragen_trainer.rollout import collect_rollouts
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -56,9 +63,6 @@ DEFAULT_ENVS = {"ragen/Bandit-v0": 8, "ragen/FrozenLake-v0": 64, "ragen/Sokoban-
 
 def _collect(engine: Any, tokenizer: Any, env_id: str, args: argparse.Namespace, max_new_tokens: int,
              stop: bool) -> dict[str, Any]:  # fmt: skip
-    from ragen_trainer.engines import SamplingParams
-    from ragen_trainer.rollout import collect_rollouts
-
     sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=args.seed)
     seeds = list(range(args.groups))
     batch = collect_rollouts(engine, tokenizer, env_id, seeds, args.group_size, sampling=sampling,
@@ -101,9 +105,6 @@ def _plain_generate(model: Any, tokenizer: Any, prompts: list[list[int]], tokens
 
 def make_vllm_engine(tokenizer: Any) -> Any:
     """A colocated vLLM engine on the bundled SmolLM2 (float32, like the other paths), warmed up."""
-    from ragen_trainer.engines import SamplingParams
-    from ragen_trainer.engines.vllm import VLLMEngine
-
     engine = VLLMEngine(None, tokenizer, mode="colocate", dtype="float32", max_model_len=4096)
     engine.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2, seed=0))
     return engine
@@ -111,9 +112,6 @@ def make_vllm_engine(tokenizer: Any) -> Any:
 
 def run_env(model: Any, tokenizer: Any, env_id: str, args: argparse.Namespace,
             vllm_holder: dict[str, Any] | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    from ragen_trainer.engines.hf import HFEngine
-    from ragen_trainer.engines.hf_generate import GenerateEngine
-
     max_new = args.max_new_tokens or DEFAULT_ENVS.get(env_id, 64)
     print(f"\n{env_id}: {args.groups} x {args.group_size} episodes, {max_new} new tokens per reply", flush=True)
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -208,8 +206,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
 
     import torch
-
-    from ragen_trainer.models import load_model_and_tokenizer
 
     torch.manual_seed(args.seed)
     model, tokenizer = load_model_and_tokenizer("smollm2", device="cpu", dtype="float32")

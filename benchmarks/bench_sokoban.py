@@ -35,6 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_envs.sokoban.env import SokobanEnv
 from ragen_envs.sokoban.generator import GeneratorConfig, Level, SokobanGenerator, numba_available
 from ragen_envs.sokoban.solver import solve
 
@@ -139,9 +141,6 @@ def pooled_reset_us(n_resets: int, pool_size: int) -> list[list[str]]:
     """Mean microseconds of a reset from a pool (unseeded and seeded), unwrapped and through ``gymnasium.make`` (the
     turn protocol: system prompt and first user message), and of a reset that generates its level."""
     import gymnasium
-
-    import ragen_envs  # noqa: F401 -- registers the ids
-    from ragen_envs.sokoban.env import SokobanEnv
 
     def mean_us(fn: Callable[[int], Any], n: int) -> float:
         start = time.perf_counter()

@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragen_trainer.config import load_config
+from ragen_trainer.models import load_model_and_tokenizer, load_tokenizer
+from ragen_trainer.trainer import StarPOTrainer, TrainerCallback
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 PHASES = [
@@ -45,8 +49,6 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from ragen_trainer.models import load_model_and_tokenizer, load_tokenizer
-
     if args.model == "smollm2":
         return load_model_and_tokenizer("smollm2", device="cpu", dtype="float32")
     tok = load_tokenizer("smollm2")
@@ -62,9 +64,6 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def run(keep: float, model: Any, tok: Any, args: argparse.Namespace, out: Path) -> dict[str, float]:
-    from ragen_trainer.config import load_config
-    from ragen_trainer.trainer import StarPOTrainer, TrainerCallback
-
     cfg = load_config("starpo-s").replace(
         env_id=args.env, output_dir=str(out / f"keep-{keep}"), total_steps=args.steps, env_groups=args.groups,
         group_size=args.group_size, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens,

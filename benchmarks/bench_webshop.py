@@ -35,6 +35,9 @@ import time
 import urllib.parse
 from pathlib import Path
 
+from webshop_server.catalog import GeneratedCatalog
+from webshop_server.search import SearchEngine
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -93,8 +96,6 @@ def _rss_mb(pid: int) -> float:
 
 def _pages(n: int, count: int) -> list[str]:
     """A mix of full HTML pages a shopper visits: search, results (pages 1-2), item, sub-pages."""
-    from webshop_server.catalog import GeneratedCatalog
-
     cat = GeneratedCatalog(n)
     urls = []
     for j in range(count):
@@ -163,8 +164,6 @@ def _throughput(port: int, urls: list[str], procs: int, clients: int) -> tuple[f
 
 
 def _search_latency_http(port: int, n: int, count: int) -> list[float]:
-    from webshop_server.catalog import GeneratedCatalog
-
     cat = GeneratedCatalog(n)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     lat = []
@@ -181,9 +180,6 @@ def _search_latency_http(port: int, n: int, count: int) -> list[float]:
 
 
 def _search_latency_engine(n: int, cache: str, count: int) -> list[float]:
-    from webshop_server.catalog import GeneratedCatalog
-    from webshop_server.search import SearchEngine
-
     cat = GeneratedCatalog(n)
     eng = SearchEngine.for_catalog(cat, cache_dir=cache)
     queries = [cat.goal(j).instruction_text for j in range(count)]

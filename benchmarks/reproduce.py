@@ -44,6 +44,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragen_trainer.cli import train_from_config
+from ragen_trainer.config import load_config
+from ragen_trainer.engines import SamplingParams
+from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.models import load_model_and_tokenizer
+from ragen_trainer.monitor import read_metrics
+from ragen_trainer.rollout import collect_rollouts
+from ragen_trainer.trainer import VAL_SEED_BASE
+from ragen_trainer.warmup import warmup_model
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 #: The paper's smoothing of training curves is an EMA (Appendix B.3, coefficient not given): value_t = EMA *
@@ -338,8 +348,6 @@ def run_config(run: Run, scale: str, runs_dir: Path, *, model: str | None = None
                engine: str = "hf", engine_url: str = "") -> Any:
     """The run's validated :class:`~ragen_trainer.config.StarPOConfig` at ``scale``: its preset, the env's paper
     settings, the scale's, then the run's own changes."""
-    from ragen_trainer.config import load_config
-
     env_id, env_fields = ENVS[run.env]
     fields: dict[str, Any] = {"env_id": env_id, **env_fields, "seed": seed, "engine": engine, "engine_url": engine_url,
                               "report_to": ["jsonl"], "output_dir": str(runs_dir / scale / run.key)}  # fmt: skip
@@ -371,8 +379,6 @@ def finished(folder: Path) -> bool:
 
 def warm_model(cfg: Any, runs_dir: Path) -> str:
     """The CPU scale's warm-up of ``cfg.model`` on ``cfg``'s env and protocol (cached per env and protocol)."""
-    from ragen_trainer.warmup import warmup_model
-
     protocol = cfg.protocol_settings()
     tag = (f"{cfg.env_id.removeprefix('ragen/').removesuffix('-v0').lower()}-think{int(protocol.enable_think)}-"
            f"apt{protocol.actions_per_turn}-{zlib.crc32(json.dumps(cfg.env_kwargs, sort_keys=True).encode()):08x}")
@@ -382,13 +388,9 @@ def warm_model(cfg: Any, runs_dir: Path) -> str:
 
 def train(run: Run, cfg: Any, *, scale: str, gpus: int, runs_dir: Path) -> list[dict[str, Any]]:
     """Train ``run`` (or read it back if it finished); its metric rows."""
-    from ragen_trainer.monitor import read_metrics
-
     folder = Path(cfg.output_dir)
     if not finished(folder):
         if scale == "cpu":
-            from ragen_trainer.cli import train_from_config
-
             cfg = cfg.replace(model=warm_model(cfg, runs_dir), resume=False).validate()
             status = train_from_config(cfg, overwrite=True)
         else:
@@ -414,12 +416,6 @@ def final_validation(folder: Path) -> dict[str, float]:
 def evaluate_splits(run: Run, cfg: Any, states: int) -> dict[str, float]:
     """Success of the run's final model on each of its splits: ``states`` initial states (the validation seeds), one
     rollout each at the validation temperature, the run's protocol (thinking, actions) on the split's env."""
-    from ragen_trainer.engines import SamplingParams
-    from ragen_trainer.engines.hf import HFEngine
-    from ragen_trainer.models import load_model_and_tokenizer
-    from ragen_trainer.rollout import collect_rollouts
-    from ragen_trainer.trainer import VAL_SEED_BASE
-
     folder = Path(cfg.output_dir)
     cache = folder / "splits.json"
     if cache.is_file():
@@ -565,8 +561,6 @@ def measured_costs(runs_dir: Path) -> dict[str, tuple[float, float, str]]:
     """Per env, (rollout seconds per trajectory, scoring and update seconds per kept trajectory, source): medians over
     the logged steps (``time/rollout``, ``time/scoring``, ``time/update``) of the paper-scale runs in ``runs_dir``."""
     import yaml
-
-    from ragen_trainer.monitor import read_metrics
 
     out: dict[str, tuple[float, float, str]] = {}
     for env in ENVS:

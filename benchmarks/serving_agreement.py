@@ -55,7 +55,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's ragen, whatever is installed
 
+import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_trainer import models
+from ragen_trainer.config import load_config
 from ragen_trainer.engines.local_server import serve_missing, transformers_serve
+from ragen_trainer.evaluation.agents import ModelAgent
+from ragen_trainer.evaluation.runner import run_suite
+from ragen_trainer.evaluation.suites import suite_from_dict
+from ragen_trainer.model_card import serving_settings, write_serving_folder
 
 DEFAULT_ENV = "ragen/Bandit-v0"
 FIRST_SEED = 1_000_000  # the shipped suites' first seeds
@@ -130,8 +137,6 @@ class Plan:
 # ---------------------------------------------------------------------------------------------------- the checkpoint
 def check_checkpoint(folder: Path) -> None:
     """Raise :class:`CheckpointError` saying what is missing when ``folder`` is not a ragen checkpoint to compare."""
-    from ragen_trainer import models
-
     if not folder.exists():
         raise CheckpointError(f"{folder}: no such folder")
     if not folder.is_dir():
@@ -152,9 +157,6 @@ def check_checkpoint(folder: Path) -> None:
 def prepare_folder(folder: Path, upgrade: str | None, say: Callable[[str], None]) -> tuple[Path, str | None]:
     """The folder to compare and the generation prefix its chat template pre-writes; an old-style folder (no prefix)
     is reported, and with ``upgrade`` replaced by a copy that has the serving files."""
-    from ragen_trainer import models
-    from ragen_trainer.model_card import write_serving_folder
-
     prefix = models.saved_template_prefix(folder)
     if prefix is not None:
         return folder, prefix
@@ -171,11 +173,6 @@ def prepare_folder(folder: Path, upgrade: str | None, say: Callable[[str], None]
 
 def make_plan(folder: Path, prefix: str | None, args: argparse.Namespace) -> Plan:
     """The one-env suite of ``args.env`` on the seeds, with the checkpoint's protocol and decoding."""
-    from ragen_trainer import models
-    from ragen_trainer.config import load_config
-    from ragen_trainer.evaluation.suites import suite_from_dict
-    from ragen_trainer.model_card import serving_settings
-
     serving = serving_settings(load_config(str(folder / "ragen_config.yaml")))
     protocol = dict(serving.protocol)
     if args.env != serving.env_id:
@@ -203,8 +200,6 @@ def play_pipeline(plan: Plan, progress: bool) -> list[Outcome]:
     import torch
     from tqdm.auto import tqdm
     from transformers import pipeline, set_seed
-
-    import ragen_envs  # noqa: F401  (registers ragen/*)
 
     entry = plan.entry
     pipe = pipeline("text-generation", model=str(plan.folder), device=plan.device, dtype=getattr(torch, plan.dtype))
@@ -249,9 +244,6 @@ def play_pipeline(plan: Plan, progress: bool) -> list[Outcome]:
 # ---------------------------------------------------------------------------------------------------- 2. served
 def play_served(plan: Plan, progress: bool) -> list[Outcome]:
     """Every episode through ragen's runner and ``openai`` engine against ``transformers serve``."""
-    from ragen_trainer.evaluation.agents import ModelAgent
-    from ragen_trainer.evaluation.runner import run_suite
-
     with tempfile.TemporaryDirectory(prefix="ragen-serve-") as work, \
             transformers_serve(work, device=plan.device, dtype=plan.dtype) as server:  # fmt: skip
         url = server.url
@@ -270,9 +262,6 @@ def play_served(plan: Plan, progress: bool) -> list[Outcome]:
 # ---------------------------------------------------------------------------------------------------- 3. hf eval
 def play_hf_eval(plan: Plan, progress: bool) -> list[Outcome]:
     """Every episode as ``ragen-trainer eval`` plays it: ``ModelAgent.load(engine="hf")`` and the runner."""
-    from ragen_trainer.evaluation.agents import ModelAgent
-    from ragen_trainer.evaluation.runner import run_suite
-
     agent = ModelAgent.load(str(plan.folder), engine="hf", batch_size=plan.batch_size, device=plan.device,
                             dtype=plan.dtype)  # fmt: skip
     try:
@@ -395,8 +384,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text, file=sys.stderr, flush=True)
 
     import gymnasium as gym
-
-    import ragen_envs  # noqa: F401  (registers ragen/*: --env is checked against them)
 
     if args.env not in gym.registry:
         ragen_ids = sorted(k for k in gym.registry if k.startswith("ragen/"))

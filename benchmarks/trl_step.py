@@ -59,6 +59,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_envs.driver import dynamics_seed
+from ragen_trainer.config import load_config
+from ragen_trainer.models import load_model_and_tokenizer
+from ragen_trainer.trainer import StarPOTrainer, TrainerCallback, step_seeds
+from ragen_trainer.trl_integration import (
+    bind_tokenizer_for_stop_strings,
+    checkpointing_arg,
+    first_messages,
+    render_prompt,
+)
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ENV_ID = "ragen/Bandit-v0"
@@ -98,8 +110,6 @@ def ragen_config(
     stop_at_answer: bool | None,
 ) -> Any:
     """The ragen config of the comparison: the ``grpo`` preset, no filtering, no critic, KL ``kl`` in the loss only."""
-    from ragen_trainer.config import load_config
-
     changes: dict[str, Any] = {
         "reference": "latest",  # TRL trains the replies only (env_mask): compare with ragen's replies-only loss mask
         "env_id": ENV_ID,
@@ -158,10 +168,6 @@ def first_prompts(cfg: Any, tokenizer: Any, steps: int) -> list[dict[str, Any]]:
     """
     import gymnasium as gym
 
-    import ragen_envs  # noqa: F401  (registers ragen/*)
-    from ragen_trainer.trainer import step_seeds
-    from ragen_trainer.trl_integration import first_messages, render_prompt
-
     prefix = cfg.protocol_settings().generation_prefix
     env = gym.make(cfg.env_id, **cfg.env_make_kwargs())
     rows = []
@@ -190,8 +196,6 @@ class BanditReward:
     def __init__(self, cfg: Any) -> None:
         import gymnasium as gym
 
-        import ragen_envs  # noqa: F401
-
         self.env = gym.make(cfg.env_id, **cfg.env_make_kwargs())
         self.prefix = cfg.protocol_settings().generation_prefix
         self.calls: list[dict[str, float]] = []
@@ -204,8 +208,6 @@ class BanditReward:
         seed: list[int],
         **kwargs: Any,
     ) -> list[float]:
-        from ragen_envs.driver import dynamics_seed
-
         t0 = time.perf_counter()
         seen: dict[int, int] = defaultdict(int)
         rewards, successes = [], []
@@ -259,8 +261,6 @@ class _StepClock:
 
     def ragen_callback(self) -> Any:
         """The same clock as a :class:`ragen_trainer.trainer.TrainerCallback` (a ragen step: rollout to update)."""
-        from ragen_trainer.trainer import TrainerCallback
-
         clock = self
 
         class RagenCallback(TrainerCallback):
@@ -304,8 +304,6 @@ def _row(path: str, completions: int, per_step: list[dict[str, float]]) -> dict[
 # ---------------------------------------------------------------------------------------------------------- ragen side
 def run_ragen(cfg: Any, model: Any, tokenizer: Any, warmup: int) -> dict[str, Any]:
     """``cfg.total_steps`` steps of :class:`StarPOTrainer`; the row averages the steps after ``warmup``."""
-    from ragen_trainer.trainer import StarPOTrainer
-
     clock = _StepClock("ragen-trainer", cfg.total_steps, warmup)
     trainer = StarPOTrainer(cfg, model, tokenizer, callbacks=[clock.ragen_callback()])
     trainer.train()
@@ -396,8 +394,6 @@ def run_trl(cfg: Any, model: Any, tokenizer: Any, warmup: int, output_dir: str) 
     if mismatched:
         _log(f"note: {mismatched}/{len(rows)} TRL prompts tokenise differently from ragen's (prefix boundary merge)")
     dataset = Dataset.from_list([{"prompt": r["prompt"], "seed": r["seed"], "step": r["step"]} for r in rows])
-
-    from ragen_trainer.trl_integration import bind_tokenizer_for_stop_strings, checkpointing_arg
 
     stops = stop_strings(cfg)
     generation_kwargs: dict[str, Any] = {"stop_strings": list(stops)} if stops else {}
@@ -521,8 +517,6 @@ def run_trl_comparison(
         settings (``model``, ``max_new_tokens``, ``stop_strings``, ``threads``, ``device``).
     """
     import torch
-
-    from ragen_trainer.models import load_model_and_tokenizer
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if warmup is None:

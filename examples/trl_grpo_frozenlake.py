@@ -30,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ragen_trainer.filtering import KEEP_RATIO_RANGE, valid_keep_ratio
+
 ENV_ID = "ragen/FrozenLake-v0"
 
 
@@ -62,8 +64,8 @@ def _check(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if not isinstance(value, int) or value < low:
             raise ValueError(f"invalid argument --{name.replace('_', '-')}={value!r}: expected an int >= {low}")
-    if not 0.0 < args.filter_ratio <= 1.0:
-        raise ValueError(f"invalid argument --filter-ratio={args.filter_ratio!r}: expected a number in (0, 1]")
+    if not valid_keep_ratio(args.filter_ratio):
+        raise ValueError(f"invalid argument --filter-ratio={args.filter_ratio!r}: expected {KEEP_RATIO_RANGE}")
     total = args.groups * args.group_size
     if args.micro_batch is not None and (args.micro_batch < 1 or total % args.micro_batch):
         raise ValueError(f"invalid argument --micro-batch={args.micro_batch!r}: expected a divisor of groups x "

@@ -34,9 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from ragen_envs.countdown import solve_countdown
 from ragen_envs.driver import Episode, play_episodes, rollout_jobs
+from ragen_envs.frozen_lake import best_action
 from ragen_envs.games import GAMES, game_of
 from ragen_envs.registration import ENV_IDS, GAME_IDS
+from ragen_envs.sokoban.solver import solve_env
 
 #: A scripted policy: the live episode (its env, latest info and protocol) and a generator -> the reply text.
 Policy = Callable[[Episode, np.random.Generator], str]
@@ -52,8 +55,6 @@ def bandit_agent(episode: Episode, rng: np.random.Generator) -> str:
 
 
 def frozen_lake_agent(episode: Episode, rng: np.random.Generator) -> str:
-    from ragen_envs.frozen_lake import best_action
-
     view = episode.env.unwrapped.state_view()  # type: ignore[union-attr]
     # One move a turn: the moves left are bounded by the action budget and by the turns left.
     turns_left = episode.protocol.max_turns - int(episode.info.get("turn", 0))
@@ -68,8 +69,6 @@ def frozen_lake_agent(episode: Episode, rng: np.random.Generator) -> str:
 
 
 def countdown_agent(episode: Episode, rng: np.random.Generator) -> str:
-    from ragen_envs.countdown import solve_countdown
-
     view = episode.env.unwrapped.state_view()  # type: ignore[union-attr]
     solution = solve_countdown(view["numbers"], view["target"]) or " + ".join(map(str, view["numbers"]))
     return f"<think>{solution} = {view['target']}</think><answer>{solution}</answer>"
@@ -108,8 +107,6 @@ def webshop_agent(episode: Episode, rng: np.random.Generator) -> str:
 
 
 def sokoban_agent(episode: Episode, rng: np.random.Generator) -> str:
-    from ragen_envs.sokoban.solver import solve_env
-
     plan = solve_env(episode.env)
     if plan is None or not plan.actions:  # deadlocked or already solved: nothing useful to do
         return random_agent(episode, rng)

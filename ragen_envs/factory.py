@@ -13,6 +13,7 @@ import gymnasium as gym
 
 from ragen_envs.core import BaseTextEnv, check_arg
 from ragen_envs.protocol import TurnProtocol
+from ragen_envs.rewards import wrap_rewards
 from ragen_envs.settings import ProtocolSettings, merge_settings, split_protocol_kwargs
 
 
@@ -45,15 +46,16 @@ def make_text_env(
         reference_protocol = ProtocolSettings.from_dict(reference_protocol, where="reference_protocol")
     base_settings = reference_protocol or ProtocolSettings()
     keyword_fields = split_protocol_kwargs(kwargs)
-    if isinstance(protocol, ProtocolSettings):
-        protocol = protocol.to_dict()  # every field of it is given; a differing keyword is then a conflict
-    check_arg(protocol is None or isinstance(protocol, dict), "protocol", protocol, "a dict or a ProtocolSettings")
-    settings = merge_settings(
-        base_settings, [("the protocol argument", protocol), ("gymnasium.make keywords", keyword_fields)]
-    )
+    if isinstance(protocol, ProtocolSettings) and not keyword_fields:
+        settings = protocol  # resolved by the caller (e.g. the trainer's config): played as it is, not merged again
+    else:
+        if isinstance(protocol, ProtocolSettings):
+            protocol = protocol.to_dict()  # every field of it is given; a differing keyword is then a conflict
+        check_arg(protocol is None or isinstance(protocol, dict), "protocol", protocol, "a dict or a ProtocolSettings")
+        settings = merge_settings(
+            base_settings, [("the protocol argument", protocol), ("gymnasium.make keywords", keyword_fields)]
+        )
     env: gym.Env = TurnProtocol(cls(**kwargs), settings)
     if reward_wrappers:
-        from ragen_envs.rewards import wrap_rewards  # only loaded when asked for: ``import ragen_envs`` stays light
-
         env = wrap_rewards(env, reward_wrappers)
     return env

@@ -26,6 +26,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+import ragen_envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_envs.settings import ProtocolSettings
 from ragen_trainer.config import (
     CHOICES,
@@ -38,7 +39,8 @@ from ragen_trainer.config import (
     load_config,
     parse_overrides,
 )
-from ragen_trainer.models import check_model_source
+from ragen_trainer.evaluation import cli as eval_cli
+from ragen_trainer.models import ModelLoadError, check_model_source, load_model_and_tokenizer
 
 #: Exit status after Ctrl-C (the shell's convention for SIGINT).
 EXIT_INTERRUPTED = 130
@@ -48,11 +50,6 @@ EXIT_USAGE = 2
 _FORCE_RESUME = "force"
 #: Most seconds the env check may take (WebShop starts its embedded server).
 ENV_CHECK_TIMEOUT = 120.0
-
-# The evaluation engineer's module provides these (see ragen_trainer/evaluation/cli.py); the trainer's CLI only
-# dispatches to them, so `eval` and `leaderboard` evolve without touching this file.
-_EVAL_HOOKS = ("add_eval_arguments", "run_eval", "add_leaderboard_arguments", "run_leaderboard")
-
 
 def _default_text(f: Any) -> str:
     if f.default is not MISSING:
@@ -209,8 +206,6 @@ def check_env(cfg: StarPOConfig, timeout: float = ENV_CHECK_TIMEOUT) -> None:
     a failure is a ``ValueError`` naming ``env_kwargs`` (or ``env_id``) and the env's own message."""
     import gymnasium as gym
 
-    import ragen_envs  # noqa: F401  (registers the ragen ids)
-
     failure: list[BaseException] = []
 
     def build() -> None:
@@ -249,8 +244,10 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     up during a save).
 
     ``force_resume`` / ``overwrite`` are ``--resume`` / ``--overwrite`` (see :meth:`StarPOTrainer.train`)."""
+    # The training stack (torch, transformers, accelerate: seconds to import) loads when a run starts, so that
+    # ``--help``, ``presets`` and a bad config answer at once. The only function-local import of the project in the
+    # trainer (tests/test_layers.py allows it by name).
     from ragen_trainer.distributed import make_accelerator
-    from ragen_trainer.models import ModelLoadError, load_model_and_tokenizer
     from ragen_trainer.precision import compute_dtype
     from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer, peak_rss_bytes
 
@@ -333,14 +330,6 @@ def run_presets(args: argparse.Namespace) -> int:
     return 0
 
 
-def _evaluation_module() -> Any:
-    try:
-        from ragen_trainer.evaluation import cli as eval_cli
-    except ImportError:
-        return None
-    return eval_cli if all(hasattr(eval_cli, name) for name in _EVAL_HOOKS) else None
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ragen-trainer",
@@ -357,16 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
     presets = sub.add_parser("presets", help="list the named configs")
     presets.set_defaults(func=run_presets)
 
-    eval_cli = _evaluation_module()
-    if eval_cli is not None:
-        ev = sub.add_parser("eval", help=getattr(eval_cli, "EVAL_DESCRIPTION", "evaluate an agent"),
-                            description=getattr(eval_cli, "EVAL_DESCRIPTION", None))
-        eval_cli.add_eval_arguments(ev)
-        ev.set_defaults(func=eval_cli.run_eval)
-        lb = sub.add_parser("leaderboard", help=getattr(eval_cli, "LEADERBOARD_DESCRIPTION", "merge results"),
-                            description=getattr(eval_cli, "LEADERBOARD_DESCRIPTION", None))
-        eval_cli.add_leaderboard_arguments(lb)
-        lb.set_defaults(func=eval_cli.run_leaderboard)
+    ev = sub.add_parser("eval", help=eval_cli.EVAL_DESCRIPTION, description=eval_cli.EVAL_DESCRIPTION)
+    eval_cli.add_eval_arguments(ev)
+    ev.set_defaults(func=eval_cli.run_eval)
+    lb = sub.add_parser("leaderboard", help=eval_cli.LEADERBOARD_DESCRIPTION,
+                        description=eval_cli.LEADERBOARD_DESCRIPTION)
+    eval_cli.add_leaderboard_arguments(lb)
+    lb.set_defaults(func=eval_cli.run_leaderboard)
     return parser
 
 

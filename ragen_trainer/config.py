@@ -45,18 +45,36 @@ import math
 import re
 import types
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+import yaml
+
+from ragen_envs import reference_settings
+from ragen_envs.core import check_arg
+from ragen_envs.games import GAMES, OPPONENT_NAMES, game_of
+from ragen_envs.games.base import check_turn_budget_unchanged
+from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+from ragen_trainer.fileio import atomic_write_text
+from ragen_trainer.filtering import (
+    DEFAULT_FILTER_RATIO,
+    FILTER_MODES,
+    FILTER_ROUNDING,
+    KEEP_RATIO_RANGE,
+    num_kept,
+    valid_keep_ratio,
+)
+from ragen_trainer.models import list_checkpoints, read_checkpoint_info
 from ragen_trainer.safe_yaml import load_yaml, load_yaml_file
 
 #: Allowed values of the fields that take one of a few names.
 CHOICES: dict[str, tuple[Any, ...]] = {
     "adv_estimator": ("gae", "grpo", "bilevel_gae"),
     "critic": ("none", "value_head", "value_model"),
-    "filter_mode": ("std", "std_rev"),
-    "filter_round": ("floor", "ceil"),
+    "filter_mode": FILTER_MODES,
+    "filter_round": FILTER_ROUNDING,
     "kl_estimator": ("k1", "k3"),
     "loss_agg_mode": ("micro-token-mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
     "loss_mask": ("after_system", "replies"),
@@ -70,6 +88,27 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "old_logprob_pass": ("auto", "always"),
     "lr_scheduler_type": ("constant", "constant_with_warmup", "linear", "cosine"),
 }
+
+#: Pool entries besides a game's fixed opponents: the current policy and its earlier snapshots.
+POLICY_OPPONENTS: tuple[str, ...] = ("self", "past")
+
+
+def check_opponent_pool(env_id: str, pool: Sequence[str]) -> None:
+    """Raise a ``ValueError`` unless ``pool`` (non-empty) names opponents of ``env_id``'s game and PettingZoo is
+    installed; the message names what is accepted."""
+    game = game_of(env_id)
+    ids = sorted(entry.env_id for entry in GAMES.values())
+    check_arg(game is not None, "env_id", env_id, f"a game id ({', '.join(ids)}) when opponent_pool is set (self-play)")
+    assert game is not None
+    allowed = list(POLICY_OPPONENTS) + list(OPPONENT_NAMES[game])
+    bad = [p for p in pool if p not in allowed]
+    check_arg(not bad and len(pool) > 0, "opponent_pool", list(pool), f"a list of names from {allowed}")
+    if importlib.util.find_spec("pettingzoo") is None:  # looked up, not imported: validation stays light
+        raise ValueError(
+            f"invalid config field opponent_pool={list(pool)!r}: self-play plays the PettingZoo games, which need "
+            "the pettingzoo package, not installed here; install it with pip install 'ragen[games]'"
+        )
+
 
 #: Names accepted for ``report_to``; ``console`` and ``jsonl`` are ragen's own, the others go to TRL/transformers.
 REPORTERS: tuple[str, ...] = ("console", "jsonl", "tensorboard", "wandb")
@@ -202,7 +241,8 @@ class StarPOConfig:
 
     # ------------------------------------------------------------------ StarPO-S filtering (Sec. 4.1)
     filter_ratio: float = _f(
-        0.25, "Keep ratio: the fraction of initial-state groups kept by in-group reward std (1.0 = no filtering)."
+        DEFAULT_FILTER_RATIO,
+        "Keep ratio: the fraction of initial-state groups kept by in-group reward std (1.0 = no filtering).",
     )
     filter_mode: str = _f("std", "Ranking of groups: std keeps the highest in-group reward std, std_rev the lowest.")
     filter_round: str = _f(
@@ -370,7 +410,7 @@ class StarPOConfig:
                f"an int < max_context_tokens ({self.max_context_tokens})")
         for name in ("gamma", "lam", "turn_gamma", "turn_lam"):
             _check(0.0 <= getattr(self, name) <= 1.0, name, getattr(self, name), "a number in [0, 1]")
-        _check(0.0 < self.filter_ratio <= 1.0, "filter_ratio", self.filter_ratio, "a number in (0, 1]")
+        _check(valid_keep_ratio(self.filter_ratio), "filter_ratio", self.filter_ratio, KEEP_RATIO_RANGE)
         for name in ("clip_low", "clip_high"):
             _check(0.0 < getattr(self, name) < 1.0, name, getattr(self, name), "a number in (0, 1)")
         for name in ("kl_coef", "kl_reward_coef", "entropy_coef", "value_loss_coef", "weight_decay", "value_clip"):
@@ -418,12 +458,11 @@ class StarPOConfig:
         advice = pure_low_precision_advice(self.master_dtype, self.actor_lr)
         if advice:
             warnings.warn(advice, UserWarning, stacklevel=2)
-        self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
+        settings = self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
         if self.opponent_pool:
-            from ragen_trainer.selfplay import check_opponent_pool
-
             try:
                 check_opponent_pool(self.env_id, self.opponent_pool)
+                check_turn_budget_unchanged(settings, reference_settings(self.env_id))
             except ValueError as exc:
                 raise ValueError(str(exc).replace("invalid argument", "invalid config field", 1)) from None
             _check(self.opponent_snapshot_every >= 1, "opponent_snapshot_every", self.opponent_snapshot_every,
@@ -444,9 +483,6 @@ class StarPOConfig:
         """The :class:`ragen_envs.ProtocolSettings` the run's env plays with: the env id's reference values, then
         ``protocol``, then protocol fields inside ``env_kwargs``; a field set in both places to different values is a
         ``ValueError`` naming both."""
-        from ragen_envs import reference_settings
-        from ragen_envs.settings import FIELD_NAMES, merge_settings
-
         try:
             base = reference_settings(self.env_id)
         except ValueError as exc:
@@ -458,20 +494,18 @@ class StarPOConfig:
         except ValueError as exc:
             raise ValueError(f"invalid config: {exc}") from None
 
-    def env_make_kwargs(self) -> dict[str, Any]:
+    def env_make_kwargs(self, settings: ProtocolSettings | None = None) -> dict[str, Any]:
         """Keyword arguments for ``gymnasium.make(env_id, ...)``: the env's own ``env_kwargs`` and the resolved
-        protocol settings (so the env plays exactly :meth:`protocol_settings`)."""
-        from ragen_envs.settings import FIELD_NAMES
-
+        protocol settings as one object (so the env plays exactly :meth:`protocol_settings`, and the env factory
+        uses that object as it is). ``settings``: the run's already resolved :meth:`protocol_settings`, so that a
+        caller that holds them does not resolve them again."""
         kwargs = {k: v for k, v in self.env_kwargs.items() if k not in FIELD_NAMES and k != "protocol"}
-        kwargs["protocol"] = self.protocol_settings()
+        kwargs["protocol"] = settings if settings is not None else self.protocol_settings()
         return kwargs
 
     @property
     def kept_groups(self) -> int:
         """Initial-state groups kept per step by StarPO-S filtering (:func:`ragen_trainer.filtering.num_kept`)."""
-        from ragen_trainer.filtering import num_kept
-
         return num_kept(self.env_groups, self.filter_ratio, self.filter_round)
 
     @property
@@ -482,14 +516,10 @@ class StarPOConfig:
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
-        import yaml
-
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def save(self, path: str | Path) -> None:
         """Write the config as YAML, atomically (a reader sees the old file or the new one)."""
-        from ragen_trainer.fileio import atomic_write_text
-
         atomic_write_text(path, self.to_yaml())
 
     def replace(self, **changes: Any) -> StarPOConfig:
@@ -670,8 +700,6 @@ def apply_overrides(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
 
 def _apply_fields(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
     """:func:`apply_overrides` for every field but ``preset`` and ``reference``."""
-    from ragen_envs.settings import FIELD_NAMES, ProtocolSettings
-
     kinds = field_kinds()
     protocol_hints = get_type_hints(ProtocolSettings)
     names = field_names()
@@ -905,8 +933,6 @@ def config_differences(old: dict[str, Any], new: StarPOConfig,
 
 
 def _comparable(data: dict[str, Any]) -> dict[str, Any]:
-    from ragen_envs.settings import FIELD_NAMES
-
     known = {k: v for k, v in data.items() if k in set(field_names())}
     try:
         cfg = apply_overrides(StarPOConfig(), known)
@@ -927,8 +953,6 @@ def _stored_config(out: Path) -> tuple[dict[str, Any] | None, str | None]:
             data = None
         if isinstance(data, dict):
             return data, str(path)
-    from ragen_trainer.models import list_checkpoints, read_checkpoint_info
-
     for _, folder in reversed(list_checkpoints(out)):
         info = read_checkpoint_info(folder).get("config")
         if isinstance(info, dict):

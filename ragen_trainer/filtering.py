@@ -17,6 +17,16 @@ import numpy as np
 
 FILTER_MODES: tuple[str, ...] = ("std", "std_rev")
 FILTER_ROUNDING: tuple[str, ...] = ("floor", "ceil")
+#: The keep ratio of StarPO-S (the paper's runs: RAGEN 3059df8 ``rollout_filter_ratio: 0.25``), the one default of
+#: ragen's trainer (``StarPOConfig.filter_ratio``), the TRL adapter (``RagenGRPOTrainer``) and :func:`filter_groups`.
+DEFAULT_FILTER_RATIO = 0.25
+#: What a keep ratio may be, as error messages say it (:func:`valid_keep_ratio` is the check).
+KEEP_RATIO_RANGE = "a number in (0, 1] (1.0 keeps every group: no filtering)"
+
+
+def valid_keep_ratio(value: object) -> bool:
+    """The one range check of a keep ratio (``filter_ratio``): a real number in (0, 1]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= 1.0
 
 
 @dataclass
@@ -45,8 +55,8 @@ def num_kept(num_groups: int, keep_ratio: float, rounding: str = "floor") -> int
     ``floor``: ``int(ratio * P)``, the reference's ``topk(int(rollout_filter_ratio * num_groups))`` with the same float
     arithmetic (which would keep no group when ``ratio * P < 1``; ragen keeps one); ``ceil``: ``ceil(ratio * P)``.
     """
-    if not (0.0 < keep_ratio <= 1.0):
-        raise ValueError(f"invalid argument keep_ratio={keep_ratio!r}: expected a number in (0, 1]")
+    if not valid_keep_ratio(keep_ratio):
+        raise ValueError(f"invalid argument keep_ratio={keep_ratio!r}: expected {KEEP_RATIO_RANGE}")
     if rounding not in FILTER_ROUNDING:
         raise ValueError(f"invalid argument rounding={rounding!r}: expected one of {list(FILTER_ROUNDING)}")
     count = int(keep_ratio * num_groups) if rounding == "floor" else math.ceil(num_groups * keep_ratio - 1e-9)
@@ -54,7 +64,10 @@ def num_kept(num_groups: int, keep_ratio: float, rounding: str = "floor") -> int
 
 
 def filter_groups(
-    group_rewards: Mapping[int, Sequence[float]], keep_ratio: float = 0.25, mode: str = "std", rounding: str = "floor"
+    group_rewards: Mapping[int, Sequence[float]],
+    keep_ratio: float = DEFAULT_FILTER_RATIO,
+    mode: str = "std",
+    rounding: str = "floor",
 ) -> FilterResult:
     """Keep the top ``keep_ratio`` of groups by in-group reward std (``std``) or the bottom (``std_rev``).
 

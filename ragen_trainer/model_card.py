@@ -40,6 +40,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragen_trainer.config import PRESETS, load_config, preset
+from ragen_trainer.evaluation.suites import available_suites, load_suite
+from ragen_trainer.fileio import apply_umask, atomic_write_text
+from ragen_trainer.models import (
+    DEFAULT_MODEL,
+    add_prefix_to_template,
+    base_model_name,
+    is_ragen_checkpoint,
+    prepare_tokenizer,
+    read_checkpoint_info,
+    split_prefixed_template,
+    stop_token_ids,
+    write_checkpoint_marker,
+)
+
 logger = logging.getLogger(__name__)
 
 #: The key of ragen's block in ``generation_config.json`` (transformers keeps unknown keys as they are).
@@ -110,8 +125,6 @@ def generation_prompt(tokenizer: Any) -> str | None:
     """The text the (plain) chat template writes for ``add_generation_prompt=True`` after the conversation, e.g.
     ``"<|im_start|>assistant\\n"``; ``None`` when it cannot be told apart (no template, or one whose conversation
     rendering is not a prefix of its prompt rendering)."""
-    from ragen_trainer.models import split_prefixed_template
-
     template = getattr(tokenizer, "chat_template", None)
     if not isinstance(template, str):
         return None
@@ -133,8 +146,6 @@ def generation_prompt(tokenizer: Any) -> str | None:
 def end_of_turn_texts(tokenizer: Any) -> list[str]:
     """The texts of the tokens a reply ends with (eos, the template's end-of-turn tokens, padding), as a decode that
     keeps special tokens writes them."""
-    from ragen_trainer.models import stop_token_ids
-
     ids = list(stop_token_ids(tokenizer))
     pad = getattr(tokenizer, "pad_token_id", None)
     if isinstance(pad, int) and pad not in ids:
@@ -167,8 +178,6 @@ def response_template(tokenizer: Any, settings: ServingSettings) -> dict[str, An
 def serving_tokenizer(tokenizer: Any, settings: ServingSettings) -> Iterator[Any]:
     """``tokenizer`` with the serving chat template and response template set while the body runs (the body saves
     it), then exactly as before: the live tokenizer keeps the plain template that ragen's rollouts need."""
-    from ragen_trainer.models import add_prefix_to_template
-
     template = getattr(tokenizer, "chat_template", None)
     had_response = hasattr(tokenizer, "response_template")
     old_response = getattr(tokenizer, "response_template", None)
@@ -196,8 +205,6 @@ def serving_generation_config(model: Any, tokenizer: Any, settings: ServingSetti
     model's: a config marked ``_from_model_config`` may be rebuilt from ``config.json`` by ``generate``."""
     from transformers import GenerationConfig
 
-    from ragen_trainer.models import stop_token_ids
-
     kwargs: dict[str, Any] = {"max_new_tokens": settings.max_new_tokens, "do_sample": settings.temperature > 0}
     if settings.temperature > 0:  # greedy configs leave them unset: generate() warns about sampling knobs otherwise
         kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
@@ -217,8 +224,6 @@ def serving_generation_config(model: Any, tokenizer: Any, settings: ServingSetti
 def fix_config_name(folder: str | Path, base_model: str) -> bool:
     """Name the base model by its Hub id in a saved ``config.json`` where a GGUF conversion left its own name
     (``_model_name_or_path``); returns whether the file changed."""
-    from ragen_trainer.fileio import atomic_write_text
-
     path = Path(folder) / "config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -235,8 +240,6 @@ def fix_adapter_base(folder: str | Path) -> bool:
     """In a saved LoRA adapter, name a base model that is ragen's conversion of the bundled GGUF (a folder in this
     machine's cache, found by its ``ragen_converted.json``) by its Hub id, which loads anywhere (ragen maps the id back
     to the bundled weights); returns whether ``adapter_config.json`` changed."""
-    from ragen_trainer.fileio import atomic_write_text
-
     path = Path(folder) / "adapter_config.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -260,8 +263,6 @@ def fix_adapter_base(folder: str | Path) -> bool:
 def matching_presets(config: Any) -> list[str]:
     """The named presets (:data:`ragen_trainer.config.PRESETS`) whose every setting ``config`` has: the fields any
     preset changes, and thinking on/off."""
-    from ragen_trainer.config import PRESETS, preset
-
     keys = sorted({key for _, changes in PRESETS.values() for key in changes if key != "protocol"})
     think = config.protocol_settings().enable_think
     found = []
@@ -318,8 +319,6 @@ def model_card_text(
     run's validation rows (``step``, ``val/success``, ``val/reward``, ``val/turns``); ``repo_id``: the name the code
     samples load (default ``"path/to/final"``).
     """
-    from ragen_trainer.models import DEFAULT_MODEL
-
     env_name = settings.env_id.split("/")[-1].rsplit("-v", 1)[0]
     presets = matching_presets(config)
     algorithm = "StarPO-S" if float(getattr(config, "filter_ratio", 1.0)) < 1.0 else "StarPO"
@@ -427,8 +426,6 @@ def suggested_suite_args(settings: ServingSettings) -> str:
     """``ragen-trainer eval`` arguments that pick a shipped suite's env of the trained env id played with the trained
     generation prefix (``--suite X --envs Y``); another protocol is asked for with ``--protocol`` when no suite has
     it (the served chat template pre-writes the trained prefix, so the suite must play with it)."""
-    from ragen_trainer.evaluation.suites import available_suites, load_suite
-
     fallback = None
     for suite_id in available_suites():
         try:
@@ -519,8 +516,6 @@ def write_serving_files(
     the model and the tokenizer (:func:`serving_tokenizer`) were just saved to; then give the folder's files the modes
     of the user's umask (:func:`~ragen_trainer.fileio.apply_umask`: transformers writes ``model.safetensors`` through a
     private temporary file, ``0600``, where every other output is ``0644`` under umask 022)."""
-    from ragen_trainer.fileio import apply_umask, atomic_write_text
-
     path = Path(folder)
     serving_generation_config(model, tokenizer, settings).save_pretrained(str(path))
     fix_config_name(path, base_model)
@@ -546,15 +541,6 @@ def write_serving_folder(folder: str | Path, out: str | Path | None = None) -> P
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
-
-    from ragen_trainer.config import load_config
-    from ragen_trainer.models import (
-        base_model_name,
-        is_ragen_checkpoint,
-        prepare_tokenizer,
-        read_checkpoint_info,
-        write_checkpoint_marker,
-    )
 
     src = Path(folder)
     if not is_ragen_checkpoint(src):

@@ -37,7 +37,7 @@ from typing import Any
 
 from ragen_envs.cache import cache_dir
 from ragen_envs.core import check_arg
-from ragen_trainer.fileio import apply_umask, atomic_write_json
+from ragen_trainer.fileio import apply_umask, atomic_write_json, atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -156,8 +156,6 @@ def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
 def write_checkpoint_marker(path: str | os.PathLike[str], info: dict[str, Any] | None = None) -> Path:
     """Write :data:`CHECKPOINT_MARKER` into ``path`` (after the model was saved there), atomically; returns the
     marker's path."""
-    from ragen_trainer.fileio import atomic_write_text
-
     return atomic_write_text(Path(path) / CHECKPOINT_MARKER, json.dumps(info or {}, indent=2, default=str) + "\n")
 
 

@@ -91,6 +91,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+import ragen_envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_envs.core import check_arg
 from ragen_envs.driver import AgentReply, Episode, play_episodes, rollout_jobs
 from ragen_envs.settings import AUTO_PREFIX, ProtocolSettings
@@ -711,8 +712,6 @@ def collect_rollouts(
         ``generation`` / ``environment`` / ``tokenization`` / ``total`` in seconds.
     """
     import gymnasium as gym
-
-    import ragen_envs  # noqa: F401  (registers the ragen/* ids)
 
     check_arg(
         isinstance(env_id, str) and env_id != "", "env_id", env_id, "a registered gymnasium id like 'ragen/Bandit-v0'"

@@ -35,36 +35,18 @@ import numpy as np
 
 from ragen_envs.core import check_arg
 from ragen_envs.driver import EpisodeJob, rollout_jobs
+from ragen_envs.games import GAMES, game_of
 from ragen_envs.games.base import parse_seat
+from ragen_envs.games.selfplay import FixedOpponentAgent, Matchup, play_games
+from ragen_trainer.config import POLICY_OPPONENTS, check_opponent_pool
+from ragen_trainer.critic import CRITIC_ATTR, policy_copy
 from ragen_trainer.engines.base import GenerationEngine, SamplingParams
+from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.rollout import TokenAgent, progress_bar
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
 
-#: Pool entries besides a game's fixed opponents: the current policy and its earlier snapshots.
-POLICY_OPPONENTS: tuple[str, ...] = ("self", "past")
 #: View-only arguments of a game env (the PettingZoo env seats both players itself).
 _VIEW_ONLY_KWARGS = ("opponent", "seat")
-
-
-def check_opponent_pool(env_id: str, pool: Sequence[str]) -> None:
-    """Raise a ``ValueError`` unless ``pool`` (non-empty) names opponents of ``env_id``'s game and PettingZoo is
-    installed; the message names what is accepted."""
-    from ragen_envs.games import GAMES, OPPONENT_NAMES, game_of
-
-    game = game_of(env_id)
-    ids = sorted(entry.env_id for entry in GAMES.values())
-    check_arg(game is not None, "env_id", env_id, f"a game id ({', '.join(ids)}) when opponent_pool is set (self-play)")
-    assert game is not None
-    allowed = list(POLICY_OPPONENTS) + list(OPPONENT_NAMES[game])
-    bad = [p for p in pool if p not in allowed]
-    check_arg(not bad and len(pool) > 0, "opponent_pool", list(pool), f"a list of names from {allowed}")
-    try:
-        import pettingzoo  # noqa: F401
-    except ImportError as exc:
-        raise ValueError(
-            f"invalid config field opponent_pool={list(pool)!r}: self-play plays the PettingZoo games, which need "
-            f"the pettingzoo package ({exc}); install it with pip install 'ragen[games]'"
-        ) from None
 
 
 class OpponentPool:
@@ -98,8 +80,6 @@ class OpponentPool:
 
     def observe(self, step: int, model: Any) -> None:
         """Take a snapshot of ``model`` (the policy) when ``"past"`` is in the pool and one is due at ``step``."""
-        from ragen_trainer.critic import CRITIC_ATTR, policy_copy  # torch: imported when a model is at hand
-
         if "past" not in self.pool:
             return
         if self.snapshots and step - self.snapshots[-1][0] < self.snapshot_every:
@@ -112,8 +92,6 @@ class OpponentPool:
 
     def past_engine(self, step: int) -> tuple[GenerationEngine, int]:
         """An engine on a snapshot drawn for ``step``, and that snapshot's step."""
-        from ragen_trainer.engines.hf import HFEngine
-
         if not self.snapshots:
             raise RuntimeError("no snapshot of the policy yet: call observe() before past_engine()")
         rng = np.random.default_rng([self.seed, step, 0xA57])
@@ -167,9 +145,6 @@ def collect_selfplay_rollouts(
             :func:`ragen_trainer.rollout.collect_rollouts`.
         progress: show a progress bar (games finished).
     """
-    from ragen_envs.games import GAMES, game_of
-    from ragen_envs.games.selfplay import FixedOpponentAgent, Matchup, play_games
-
     game = game_of(env_id)
     check_arg(game is not None, "env_id", env_id, "a single-agent game id such as 'ragen/TicTacToe-v0'")
     assert game is not None
@@ -226,8 +201,6 @@ def selfplay_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     ``none`` for a game cut before its end), ``.../invalid_rate`` the share of its turns whose reply played no move,
     and ``.../games`` their count.
     """
-    from ragen_envs.games import GAMES
-
     tagged = [t for t in trajectories if t.tags.get("game") in GAMES]
     if not tagged:
         return {}

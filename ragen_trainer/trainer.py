@@ -203,8 +203,11 @@ class StarPOTrainer:
         accelerator: Accelerator | None = None,
     ) -> None:
         self.cfg = cfg = config.validate()
-        # Record the run's whole protocol (the env's reference values included) in config.yaml and every checkpoint.
-        cfg.protocol = cfg.protocol_settings().to_dict()
+        # The run's protocol, resolved once (the env id's reference values, then the config's): this object travels
+        # to every env the run makes (self.env_kwargs). Its fields are recorded in config.yaml and every checkpoint.
+        self.protocol = cfg.protocol_settings()
+        self.env_kwargs = cfg.env_make_kwargs(self.protocol)
+        cfg.protocol = self.protocol.to_dict()
         if getattr(tokenizer, "pad_token_id", None) is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
@@ -427,7 +430,7 @@ class StarPOTrainer:
         local = list(range(rank, len(seeds), world))
         params = SamplingParams(temperature=temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                 seed=(sampling_seed * 131 + rank) % (2**31))
-        common = dict(env_kwargs=cfg.env_make_kwargs(), sampling=params, max_context_tokens=cfg.max_context_tokens,
+        common = dict(env_kwargs=self.env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
                       group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
                       loss_mask=cfg.loss_mask, progress=self.is_main_process)  # fmt: skip
         trajs: list[Trajectory] = []

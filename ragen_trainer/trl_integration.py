@@ -58,14 +58,24 @@ from ragen_envs.driver import GROUP_RANDOMNESS, EpisodeJob, dynamics_seed, play_
 from ragen_envs.registration import reference_settings
 from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
 from ragen_trainer.engines.base import SamplingParams
-from ragen_trainer.filtering import FILTER_MODES, FILTER_ROUNDING, FilterResult, filter_groups
-from ragen_trainer.rollout import REPLY_TOKENS, TokenAgent, check_reply_tokens
+from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.filtering import (
+    DEFAULT_FILTER_RATIO,
+    FILTER_MODES,
+    FILTER_ROUNDING,
+    KEEP_RATIO_RANGE,
+    FilterResult,
+    filter_groups,
+    valid_keep_ratio,
+)
+from ragen_trainer.rollout import REPLY_TOKENS, ChatTokens, TokenAgent, check_reply_tokens
 from ragen_trainer.trajectory import Trajectory
 
-try:  # the trainer class needs TRL; the data, reward and rollout helpers do not
+try:
     from trl import GRPOTrainer as _GRPOTrainer
-except ImportError:  # pragma: no cover - TRL is a dependency of ragen_trainer
-    _GRPOTrainer = object  # type: ignore[assignment,misc]
+except ImportError as exc:  # a missing extra is named, never a trainer class that silently is not TRL's
+    raise ImportError(f"ragen_trainer.trl_integration needs TRL ({exc}), which the train extra installs: "
+                      "pip install 'ragen[train]'") from exc
 
 #: The columns :func:`initial_state_dataset` writes (besides ``prompt``); :class:`EpisodeSpec` reads them.
 SPEC_COLUMNS: tuple[str, ...] = ("env_id", "seed", "protocol", "env_kwargs", "group_randomness")
@@ -215,8 +225,6 @@ def render_prompt(messages: list[dict[str, str]], tokenizer: Any, prefix: str = 
     the prefix. Tokenising ``text`` in one piece (what TRL does with a text prompt) may merge tokens across the
     boundary and so differ from ``ids`` for some tokenizers.
     """
-    from ragen_trainer.rollout import ChatTokens
-
     chat = ChatTokens(tokenizer)
     text = tokenizer.apply_chat_template(chat.chat_messages(messages), tokenize=False, add_generation_prompt=True)
     ids = chat.encode(text) + (chat.encode(prefix) if prefix else [])
@@ -544,8 +552,6 @@ class RagenRollout:
                     "model unless given an engine; pass RagenRollout(engine=...) (e.g. ragen's VLLMEngine) or set "
                     "use_vllm=False"
                 )
-            from ragen_trainer.engines.hf import HFEngine
-
             engine = HFEngine(model, tokenizer, batch_size=self.batch_size or max(len(specs), 1))
         else:
             engine.update_weights(model)
@@ -727,7 +733,8 @@ class RagenGRPOTrainer(_GRPOTrainer):  # type: ignore[misc,valid-type]
     Args:
         *args, **kwargs: ``trl.GRPOTrainer``'s.
         filter_ratio: keep this fraction of each step's groups (prompts), ranked by the in-group std of the total
-            reward (TRL's weighted sum of the reward functions); 1.0 (default) keeps all. The other groups' tokens
+            reward (TRL's weighted sum of the reward functions); default 0.25 (StarPO-S, as ragen's trainer:
+            :data:`~ragen_trainer.filtering.DEFAULT_FILTER_RATIO`), 1.0 keeps all (plain GRPO). The other groups' tokens
             are masked out of the loss (policy, KL and entropy terms; TRL's ``tool_mask``) and the token count
             TRL normalises by is recounted. They were still generated and scored: TRL computes everything before
             this hook, whereas ragen drops them before its scoring forward pass.
@@ -742,15 +749,12 @@ class RagenGRPOTrainer(_GRPOTrainer):  # type: ignore[misc,valid-type]
     def __init__(
         self,
         *args: Any,
-        filter_ratio: float = 1.0,
+        filter_ratio: float = DEFAULT_FILTER_RATIO,
         filter_mode: str = "std",
         filter_round: str = "floor",
         **kwargs: Any,
     ) -> None:
-        if _GRPOTrainer is object:
-            raise ImportError("RagenGRPOTrainer needs TRL: pip install trl")
-        check_arg(isinstance(filter_ratio, (int, float)) and not isinstance(filter_ratio, bool)
-                  and 0.0 < filter_ratio <= 1.0, "filter_ratio", filter_ratio, "a number in (0, 1]")  # fmt: skip
+        check_arg(valid_keep_ratio(filter_ratio), "filter_ratio", filter_ratio, KEEP_RATIO_RANGE)
         check_arg(filter_mode in FILTER_MODES, "filter_mode", filter_mode, f"one of {list(FILTER_MODES)}")
         check_arg(filter_round in FILTER_ROUNDING, "filter_round", filter_round, f"one of {list(FILTER_ROUNDING)}")
         super().__init__(*args, **kwargs)

@@ -30,6 +30,7 @@ import torch
 
 from ragen_envs.core import check_arg
 from ragen_envs.driver import play_episodes, rollout_jobs
+from ragen_trainer.config import StarPOConfig
 from ragen_trainer.evaluation.agents import RandomAgent
 from ragen_trainer.critic import chunked_token_logprobs
 from ragen_trainer.fileio import atomic_write_json
@@ -193,8 +194,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-activation-checkpointing", dest="activation_checkpointing", action="store_false",
                         help="keep every layer's activations (faster, far more memory on long chats)")
     args = parser.parse_args(argv)
-    from ragen_trainer.config import StarPOConfig
-
     cfg = StarPOConfig(env_id=args.env, protocol=yaml.safe_load(args.protocol) or {},
                        env_kwargs=yaml.safe_load(args.env_kwargs) or {})  # fmt: skip
     out = warmup_model(args.model, args.env, cfg.env_make_kwargs(), args.out, agent=args.agent,

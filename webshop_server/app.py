@@ -48,6 +48,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from email.utils import formatdate, parsedate_to_datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
@@ -55,10 +56,11 @@ from importlib import resources
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 from urllib.parse import parse_qsl, quote
 
+from webshop_server.catalog import GeneratedCatalog, OriginalCatalog
 from webshop_server.render import OBSERVATION_MODES, render
+from webshop_server.search import SearchEngine
 from webshop_server.serving import Limits, SelectorHTTPServer, run_handler
 from webshop_server.shop import PageState, Shop, ShopError, split_target
 
@@ -524,9 +526,6 @@ def build_shop(
     progress: Callable[[int, int], None] | None = None,
 ) -> Shop:
     """The catalog (generated, or the original's files when ``items_path`` is given), its index, and the shop."""
-    from webshop_server.catalog import GeneratedCatalog, OriginalCatalog
-    from webshop_server.search import SearchEngine
-
     if items_path:
         if not attrs_path:
             raise ValueError("invalid argument attrs_path=None: the original data needs items_ins_v2*.json too")

@@ -13,6 +13,9 @@ import logging
 import sys
 import time
 
+from webshop_server.app import build_shop, make_server, serve
+from webshop_server.serving import Limits
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -61,9 +64,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"warning: binding {args.host}: the shop is reachable from other machines", file=sys.stderr)
-
-    from webshop_server.app import build_shop, make_server, serve
-    from webshop_server.serving import Limits
 
     try:
         limits = Limits(request_timeout=args.request_timeout, keepalive_timeout=args.keepalive_timeout,

@@ -71,7 +71,7 @@ def aec_env(game: str | GameCore = "tictactoe", **kwargs: Any) -> AECEnv:
 
     Imports ``pettingzoo`` (``pip install "ragen[games]"``); arguments: ``TextGameAECEnv``.
     """
-    return _pettingzoo_module().aec_env(game, **kwargs)
+    return pettingzoo_module().aec_env(game, **kwargs)
 
 
 def parallel_env(game: str | GameCore = "prisoners_dilemma", **kwargs: Any) -> ParallelEnv:
@@ -79,10 +79,10 @@ def parallel_env(game: str | GameCore = "prisoners_dilemma", **kwargs: Any) -> P
 
     Imports ``pettingzoo`` (``pip install "ragen[games]"``); arguments: ``TextGameParallelEnv``.
     """
-    return _pettingzoo_module().parallel_env(game, **kwargs)
+    return pettingzoo_module().parallel_env(game, **kwargs)
 
 
-def _pettingzoo_module() -> Any:
+def pettingzoo_module() -> Any:
     """:mod:`ragen_envs.games.pettingzoo_env`, or an ``ImportError`` that says how to install PettingZoo."""
     try:
         from ragen_envs.games import pettingzoo_env
@@ -119,4 +119,5 @@ __all__ = [
     "aec_env",
     "game_of",
     "parallel_env",
+    "pettingzoo_module",
 ]

@@ -27,6 +27,9 @@ import numpy as np
 
 from ragen_envs.core import check_arg
 
+#: The PettingZoo agents of the two seats, seat 0 first.
+AGENTS: tuple[str, str] = ("player_0", "player_1")
+
 #: Reward of a won, drawn and lost board game (the single-agent view and the PettingZoo seats use the same values).
 WIN, DRAW, LOSS = 1.0, 0.5, 0.0
 #: The two seats; seat 0 moves first in turn-based games.
@@ -37,6 +40,29 @@ INVALID_CAP = 3
 
 # Characters stripped around a move as written ("'5'", "[5]", "5.").
 _STRIP = "\"'`.,;:!?[](){}*<> \t\n"
+
+
+#: The protocol fields that bound a seat's turns; in a two-seat game its own turn budget bounds them instead.
+TURN_BUDGET_FIELDS: tuple[str, ...] = ("max_turns", "max_actions_per_episode")
+
+
+def turn_budget_changes(settings: Any, registered: Any) -> dict[str, tuple[int, int]]:
+    """The turn-budget fields (:data:`TURN_BUDGET_FIELDS`) in which ``settings`` differs from the game id's
+    ``registered`` settings: ``{name: (given, registered)}``."""
+    return {name: (getattr(settings, name), getattr(registered, name)) for name in TURN_BUDGET_FIELDS
+            if getattr(settings, name) != getattr(registered, name)}  # fmt: skip
+
+
+def check_turn_budget_unchanged(settings: Any, registered: Any) -> None:
+    """Raise a ``ValueError`` when ``settings`` (a ``ProtocolSettings``) changes a turn-budget field from the game id's
+    ``registered`` settings. A game played by both seats (PettingZoo, self-play) ends by its rules: a seat's budget
+    is the game's own setting (``max_moves + 2 * invalid_cap``, the ``turn_budget`` of the PettingZoo env), so a
+    changed ``max_turns`` would be replaced; where the change was asked for by name (a config field), it is refused
+    here instead."""
+    for name, (mine, theirs) in turn_budget_changes(settings, registered).items():
+        check_arg(False, name, mine, f"the game's registered {theirs}: when both seats play (PettingZoo, self-play) "
+                  "the game's own turn budget (max_moves + 2 * invalid_cap, set with invalid_cap) bounds a seat's "
+                  "turns, not the protocol")  # fmt: skip
 
 
 def normalize_move_text(text: str) -> str:

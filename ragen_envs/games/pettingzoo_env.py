@@ -35,9 +35,10 @@ seat's moves since its last one; the seat's first message carries the instructio
 Settings: the game's registered single-agent settings (``reference_settings("ragen/TicTacToe-v0")`` ...), with
 ``protocol=`` (a dict or :class:`~ragen_envs.settings.ProtocolSettings`) and keyword fields on top, except the turn
 budget, which the game owns: one move per turn (``actions_per_turn`` must stay 1), and ``max_turns`` /
-``max_actions_per_episode`` are set to ``max_moves + 2 * invalid_cap`` per seat, so the protocol never ends a game
-before its rules do (setting them by keyword or in a dict is an error; a whole ``ProtocolSettings`` has them
-replaced).
+``max_actions_per_episode`` are set to ``max_moves + 2 * invalid_cap`` per seat (:attr:`turn_budget`), so the
+protocol never ends a game before its rules do (setting them by keyword or in a dict is an error; a whole
+``ProtocolSettings`` has them replaced, with a ``UserWarning`` naming both values when they differ from the id's
+registered ones).
 
 Invalid turns. A turn in which no move was played (unparseable reply, illegal or unknown move, a non-``str`` action)
 has the protocol's format penalty and ``info["reason"]``; in turn-based games the same seat moves again, in the
@@ -57,6 +58,7 @@ live seat are refreshed after each step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,14 +69,15 @@ from pettingzoo import AECEnv, ParallelEnv
 from pettingzoo.utils import wrappers
 
 from ragen_envs.core import check_arg, default_info
-from ragen_envs.games.base import INVALID_CAP, GameCore
+from ragen_envs.games import GAMES
+from ragen_envs.games.base import AGENTS, INVALID_CAP, GameCore, turn_budget_changes
 from ragen_envs.games.view import SeatView
 from ragen_envs.protocol import TurnProtocol
+from ragen_envs.registration import reference_settings
+from ragen_envs.rewards import wrap_rewards
 from ragen_envs.settings import ProtocolSettings, merge_settings, split_protocol_kwargs
 from ragen_envs.spaces import UnicodeText
 
-#: The agents, seat 0 first.
-AGENTS: tuple[str, str] = ("player_0", "player_1")
 #: Longest reply the action space samples (replies of any length are accepted).
 MAX_SAMPLED_REPLY = 256
 #: Protocol fields the game sets in PettingZoo (the turn budget).
@@ -144,8 +147,6 @@ class SeatProtocol(TurnProtocol):
 
 def _resolve_game(game: str | GameCore, game_kwargs: dict[str, Any]) -> tuple[GameCore, str]:
     """The game core and its single-agent id, from a name of :data:`ragen_envs.games.GAMES` or a core instance."""
-    from ragen_envs.games import GAMES  # the table lives with the games; imported here to avoid an import cycle
-
     if isinstance(game, GameCore):
         check_arg(not game_kwargs, "game_kwargs", sorted(game_kwargs), "none when game is a GameCore instance")
         matches = [g.env_id for g in GAMES.values() if isinstance(game, g.core)]
@@ -191,8 +192,6 @@ class _TextGameBase:
         self.protocols = [SeatProtocol(view, self.settings) for view in self.views]
         self.chains: list[gym.Env] = list(self.protocols)
         if reward_wrappers:
-            from ragen_envs.rewards import wrap_rewards  # loaded only when asked for, as in make_text_env
-
             self.chains = [wrap_rewards(p, reward_wrappers) for p in self.protocols]
         self.observation_spaces = {a: UnicodeText(self.settings.max_observation_chars) for a in AGENTS}
         self.action_spaces = {a: UnicodeText(MAX_SAMPLED_REPLY) for a in AGENTS}
@@ -204,15 +203,22 @@ class _TextGameBase:
         self, env_id: str, protocol: ProtocolSettings | Mapping[str, Any] | None, fields: dict[str, Any]
     ) -> ProtocolSettings:
         """The seats' protocol settings: the game's registered ones, the caller's on top, the game's turn budget."""
-        from ragen_envs.registration import reference_settings
-
         base = reference_settings(env_id) if env_id else ProtocolSettings()
         whole = isinstance(protocol, ProtocolSettings)  # a whole settings object carries every field
         given = protocol.to_dict() if isinstance(protocol, ProtocolSettings) else protocol
         check_arg(given is None or isinstance(given, Mapping), "protocol", protocol, "a dict or a ProtocolSettings")
         given = dict(given or {})
-        # A whole ProtocolSettings has every field: its turn budget is replaced by the game's. Given one by one
-        # (keywords, a dict), a turn-budget field is a mistake to report, except one move per turn.
+        # A whole ProtocolSettings has every field: its turn budget is replaced by the game's, with a warning that
+        # names both when it differs from the registered one (never silently). Given one by one (keywords, a dict),
+        # a turn-budget field is a mistake to report, except one move per turn.
+        if whole and env_id:
+            changed = turn_budget_changes(protocol, base)
+            if changed:
+                given_text = ", ".join(f"{name}={mine} (registered: {theirs})"
+                                       for name, (mine, theirs) in changed.items())  # fmt: skip
+                warnings.warn(f"{env_id}: the protocol's {given_text} replaced by the game's own turn budget "
+                              f"{self.turn_budget} (max_moves + 2 * invalid_cap; set it with invalid_cap): when both "
+                              "seats play, the game's rules end it", UserWarning, stacklevel=4)  # fmt: skip
         explicit = {**({} if whole else given), **fields}
         per_turn = explicit.get("actions_per_turn", 1)
         check_arg(per_turn == 1, "actions_per_turn", per_turn, "1 (a game takes one move per turn)")
@@ -226,8 +232,14 @@ class _TextGameBase:
         given = {k: v for k, v in given.items() if k not in _GAME_OWNED}
         fields = {k: v for k, v in fields.items() if k not in _GAME_OWNED}
         settings = merge_settings(base, [("the protocol argument", given), ("keyword arguments", fields)])
-        budget = max(self.core.max_moves(0), self.core.max_moves(1)) + 2 * self.invalid_cap
+        budget = self.turn_budget
         return settings.updated({"actions_per_turn": 1, "max_turns": budget, "max_actions_per_episode": budget})
+
+    @property
+    def turn_budget(self) -> int:
+        """The game's own move budget per seat: the most moves a seat can need plus ``2 * invalid_cap`` (what the
+        seats' ``max_turns`` and ``max_actions_per_episode`` are set to)."""
+        return max(self.core.max_moves(0), self.core.max_moves(1)) + 2 * self.invalid_cap
 
     # ------------------------------------------------------------------ spaces, render
     def observation_space(self, agent: str) -> gym.spaces.Space:

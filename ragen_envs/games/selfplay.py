@@ -50,7 +50,8 @@ import numpy as np
 
 from ragen_envs.core import check_arg
 from ragen_envs.driver import MAX_TURNS_GUARD, AgentReply, Episode, EpisodeJob, Turn, is_streaming
-from ragen_envs.games.base import Opponent, make_opponent
+from ragen_envs.games import GAMES, pettingzoo_module
+from ragen_envs.games.base import AGENTS, Opponent, make_opponent
 
 #: The state keys of a seat's final ``info`` copied onto its last turn when the game ends after that turn.
 _FINAL_KEYS = ("success", "outcome", "score")
@@ -136,9 +137,6 @@ def play_games(
 
     Errors of agents and envs propagate (this is the training path); every agent's stream is ended either way.
     """
-    from ragen_envs.games import GAMES
-    from ragen_envs.games.pettingzoo_env import TextGameAECEnv, TextGameParallelEnv
-
     check_arg(isinstance(game, str) and game in GAMES, "game", game, f"one of {sorted(GAMES)}")
     check_arg(env_kwargs is None or isinstance(env_kwargs, dict), "env_kwargs", env_kwargs, "None or a dict")
     check_arg(
@@ -148,7 +146,8 @@ def play_games(
         "None or an int >= 1",
     )
     entry = GAMES[game]
-    env_cls = TextGameParallelEnv if entry.api == "parallel" else TextGameAECEnv
+    pz = pettingzoo_module()  # the games extra; an ImportError that names it when it is missing
+    env_cls = pz.TextGameParallelEnv if entry.api == "parallel" else pz.TextGameAECEnv
     jobs = list(jobs)
     size = batch_size or max(len(jobs), 1)
     records: list[GameRecord] = []
@@ -215,8 +214,6 @@ class _LiveGame:
     stopped: set[int] = field(default_factory=set)  # seats an agent stopped (their turns are played as invalid)
 
     def __post_init__(self) -> None:
-        from ragen_envs.games.pettingzoo_env import AGENTS
-
         self.agent_names = AGENTS
         self.parallel = not hasattr(self.env, "agent_selection")
         if self.parallel:

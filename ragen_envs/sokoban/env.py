@@ -70,8 +70,11 @@ from ragen_envs import grounding
 from ragen_envs.core import BaseTextEnv, StepOutcome, check_arg
 from ragen_envs.rendering import CellStyle, draw_grid
 from ragen_envs.sokoban.base import first_uint64
+from ragen_envs.sokoban.boxoban import load_boxoban
 from ragen_envs.sokoban.generator import TARGET, WALL, GeneratorConfig, Level, SokobanGenerator, shared_generator
+from ragen_envs.sokoban.pool import LevelPool
 from ragen_envs.sokoban.reference_generator import ReferenceConfig, ReferenceGenerator, shared_reference_generator
+from ragen_envs.sokoban.solver import SokobanBoard
 
 GENERATORS = ("reference", "exact")
 
@@ -575,8 +578,6 @@ class SokobanEnv(BaseTextEnv):
 
     def _box_stuck(self, box: tuple[int, int]) -> bool:
         """Whether the box just pushed to ``box`` (off target) can never reach a target: dead square or freeze."""
-        from ragen_envs.sokoban.solver import SokobanBoard
-
         if self._board is None:
             self._board = SokobanBoard(np.array(self._fixed, dtype=np.int8))
         board = self._board
@@ -645,8 +646,6 @@ def _shared_pool(config: GeneratorConfig | ReferenceConfig, size: int, seed: int
     key = (config, size, seed)
     pool = _SHARED_POOLS.get(key)
     if pool is None:
-        from ragen_envs.sokoban.pool import LevelPool
-
         pool = _SHARED_POOLS[key] = LevelPool.load_or_build(config, size, seed, backend=backend)
     return pool
 
@@ -673,8 +672,6 @@ def _resolve_vocab(vocab: str | dict[str, str]) -> dict[str, str]:
 
 def _resolve_levels(levels: str | Path | list[Level]) -> list[Level]:
     if isinstance(levels, (str, Path)):
-        from ragen_envs.sokoban.boxoban import load_boxoban
-
         loaded = load_boxoban(levels)
     else:
         check_arg(

@@ -31,6 +31,7 @@ from ragen_envs.core import check_arg
 from ragen_envs.sokoban.base import is_int
 from ragen_envs.sokoban.generator import GeneratorConfig, Level, SokobanGenerator
 from ragen_envs.sokoban.reference_generator import ReferenceConfig, ReferenceGenerator
+from ragen_envs.sokoban.solver import solve_level
 
 #: Pool files are written in this layout; bump when it changes.
 POOL_FORMAT = 1
@@ -256,8 +257,6 @@ class LevelPool:
 
 def _build_chunk(task: tuple[Any, ...]) -> tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     config, backend, seed, start, end, solve, max_expansions = task
-    from ragen_envs.sokoban.solver import solve_level
-
     gen = generator_type(config)(config, backend=backend)
     n = end - start
     rows, cols = config.dim_room

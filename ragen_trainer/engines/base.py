@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ragen_envs.core import check_arg
+from ragen_trainer.models import stop_token_ids as default_stops
 
 #: ``finish_reason`` values: the reply ended with a stop / end-of-turn token, or hit ``max_new_tokens``.
 FINISH_STOP = "stop"
@@ -185,8 +186,6 @@ class ModelEngine(GenerationEngine):
         stop_token_ids: list[int] | None,
         compute_logprobs: bool,
     ) -> None:
-        from ragen_trainer.models import stop_token_ids as default_stops
-
         check_arg(
             isinstance(batch_size, int) and not isinstance(batch_size, bool) and batch_size >= 1,
             "batch_size",

@@ -20,6 +20,11 @@ from typing import Any
 
 from ragen_trainer.config import VLLM_WEIGHTS_DIR, StarPOConfig
 from ragen_trainer.engines.base import GenerationEngine
+from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.engines.hf_generate import GenerateEngine
+from ragen_trainer.engines.vllm import VLLMEngine
+from ragen_trainer.models import base_model_source
+from ragen_trainer.precision import compute_dtype
 
 
 def make_training_engine(config: StarPOConfig, model: Any, tokenizer: Any) -> GenerationEngine:
@@ -29,15 +34,10 @@ def make_training_engine(config: StarPOConfig, model: Any, tokenizer: Any) -> Ge
     float32 master weights; a peft model is merged for the push by the vLLM engine). For ``hf`` that is a no-op, for
     ``vllm`` it is what keeps the rollouts on-policy."""
     if config.engine in ("hf", "hf-generate"):
-        from ragen_trainer.engines.hf import HFEngine
-        from ragen_trainer.engines.hf_generate import GenerateEngine
-
         engine_cls = GenerateEngine if config.engine == "hf-generate" else HFEngine
         return engine_cls(model, tokenizer, batch_size=config.generation_batch_size)
     if config.engine != "vllm":
         raise ValueError(f"invalid config field engine={config.engine!r}: expected hf, hf-generate or vllm")
-    from ragen_trainer.engines.vllm import VLLMEngine
-
     if config.engine_url:
         return VLLMEngine(
             config.model,
@@ -47,9 +47,6 @@ def make_training_engine(config: StarPOConfig, model: Any, tokenizer: Any) -> Ge
             weight_sync="auto",
             weights_dir=os.path.join(config.output_dir, VLLM_WEIGHTS_DIR),
         )
-    from ragen_trainer.models import base_model_source
-    from ragen_trainer.precision import compute_dtype
-
     device = next(iter(model.parameters())).device
     return VLLMEngine(
         base_model_source(config.model),

@@ -81,6 +81,9 @@ from ragen_trainer.engines.base import (
     reply_text,
     stop_string_end,
 )
+from ragen_trainer.engines.openai import OpenAIEngineError, check_http_url, post_json
+from ragen_trainer.models import convert_default_model, is_default_model, load_tokenizer
+from ragen_trainer.models import stop_token_ids as default_stops
 
 VLLM_MODES = ("colocate", "server", "openai")
 WEIGHT_SYNCS = ("auto", "nccl", "reload")
@@ -285,8 +288,6 @@ def parse_openai_completion(data: dict[str, Any], url: str) -> tuple[list[int], 
 
     The ids come from ``choices[0].token_ids`` (``return_token_ids``) or else from the log-probs' ``"token_id:<id>"``
     tokens (``return_tokens_as_token_ids``); the log-probs from ``token_logprobs``, or ``None`` when absent."""
-    from ragen_trainer.engines.openai import OpenAIEngineError
-
     try:
         choice = data["choices"][0]
         lp = choice.get("logprobs") or {}
@@ -320,8 +321,6 @@ def parse_openai_completion(data: dict[str, Any], url: str) -> tuple[list[int], 
 
 def _openai_base_url(base_url: Any) -> str:
     import urllib.parse
-
-    from ragen_trainer.engines.openai import check_http_url
 
     url = check_http_url(
         base_url, "the http(s) URL of a vllm serve server, e.g. 'http://127.0.0.1:8000/v1' (mode='openai')"
@@ -387,8 +386,6 @@ class VLLMEngine(GenerationEngine):
         client: Any = None,
         sampling_params_factory: Callable[..., Any] | None = None,
     ) -> None:
-        from ragen_trainer.models import stop_token_ids as default_stops
-
         check_arg(mode in VLLM_MODES, "mode", mode, f"one of {VLLM_MODES}")
         check_arg(
             0 < gpu_memory_utilization <= 1, "gpu_memory_utilization", gpu_memory_utilization, "a number in (0, 1]"
@@ -424,15 +421,11 @@ class VLLMEngine(GenerationEngine):
         )
         vllm = require_vllm() if needs_vllm else None  # before anything slow: a missing vLLM fails first
         self.mode = mode
-        from ragen_trainer.models import convert_default_model, is_default_model
-
         if model is None or (isinstance(model, str) and is_default_model(model)):
             model = str(convert_default_model())  # the bundled SmolLM2, as a Hugging Face folder vLLM can read
         self.model_path = model if isinstance(model, str) else str(getattr(model, "name_or_path", ""))
         check_arg(self.model_path != "", "model", model, "a model id / folder, or a model with name_or_path")
         if tokenizer is None:
-            from ragen_trainer.models import load_tokenizer
-
             tokenizer = load_tokenizer(self.model_path)
         self.tokenizer = tokenizer
         self.stop_token_ids = list(stop_token_ids) if stop_token_ids is not None else default_stops(tokenizer)
@@ -575,8 +568,6 @@ class VLLMEngine(GenerationEngine):
         return results
 
     def _generate_openai(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        from ragen_trainer.engines.openai import OpenAIEngineError, post_json
-
         url = self.base_url + "/completions"
         stops = set(self.stop_token_ids)
 
@@ -656,8 +647,6 @@ class VLLMEngine(GenerationEngine):
         self.llm.reset_prefix_cache()
 
     def _push_by_reload(self, model: Any) -> None:
-        from ragen_trainer.engines.openai import OpenAIEngineError, post_json
-
         if self.weights_dir is None:
             raise ValueError(
                 "VLLMEngine(mode='server', weight_sync='reload') needs weights_dir: a folder the vLLM server can read, "
@@ -694,10 +683,7 @@ class VLLMEngine(GenerationEngine):
         if self.mode == "colocate" and self.llm is not None:
             self.llm = None
             gc.collect()
-            try:
-                import torch
+            import torch  # vLLM's own dependency: present wherever an engine ran
 
-                if torch.cuda.is_available():
-                    torch.cuda.empty_cache()
-            except ImportError:
-                pass
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()

@@ -24,13 +24,24 @@ from typing import Any
 
 import numpy as np
 
+from ragen_envs.countdown import solve_countdown
 from ragen_envs.driver import AgentReply, Episode
 from ragen_envs.frozen_lake import ACTIONS as FL_ACTIONS
 from ragen_envs.frozen_lake import reach_values as frozen_lake_values
 from ragen_envs.frozen_lake import transition_model as frozen_lake_model
 from ragen_envs.games import GAMES
+from ragen_envs.games.negotiation import OPPONENTS
 from ragen_envs.protocol import find_protocol  # noqa: F401  (re-exported for agents' authors)
+from ragen_envs.sokoban.solver import solve_level
+from ragen_trainer import (
+    engines,  # its engines load on first use (torch, vllm, http): see engines/__init__
+    models,
+)
+from ragen_trainer.engines import SamplingParams
+from ragen_trainer.engines.base import BatchSession
 from ragen_trainer.evaluation.metrics import env_family
+from ragen_trainer.evaluation.suites import DEFAULT_DECODING
+from ragen_trainer.rollout import TokenAgent, check_prefix_supported
 
 #: What an agent sees at one turn of one episode: the driver's live :class:`~ragen_envs.driver.Episode` (its
 #: ``messages``, latest ``info``, ``env``, ``memory``, ``env_name``, ``seed``, ``rollout`` and ``protocol``).
@@ -106,8 +117,6 @@ def _random_webshop(view: dict[str, Any], rng: np.random.Generator) -> str:
 
 
 def _random_negotiation(view: dict[str, Any], rng: np.random.Generator) -> str:
-    from ragen_envs.games.negotiation import OPPONENTS  # the game's own random player (stateless)
-
     return OPPONENTS["random"]().act(view, rng)
 
 
@@ -157,8 +166,6 @@ def _oracle_bandit(ctx: TurnContext) -> tuple[str, list[str]]:
 
 
 def _oracle_countdown(ctx: TurnContext) -> tuple[str, list[str]]:
-    from ragen_envs.countdown import solve_countdown
-
     base = ctx.env.unwrapped
     view = base.state_view()
     expression = solve_countdown(view["numbers"], view["target"], use_all=getattr(base, "use_all_numbers", True))
@@ -203,8 +210,6 @@ def _oracle_frozen_lake(ctx: TurnContext) -> tuple[str, list[str]]:
 
 def _oracle_sokoban(ctx: TurnContext) -> tuple[str, list[str]]:
     """Follow the optimal (fewest-moves) plan of the env's own solver, replanned from the current position."""
-    from ragen_envs.sokoban.solver import solve_level  # imported only when a Sokoban env is played
-
     base = ctx.env.unwrapped
     position = base.snapshot()
     key = (position.player, position.boxes)
@@ -358,8 +363,6 @@ class _PrependingEngine:
         return [replace(r, text=self.text + r.text) for r in self.inner.generate_chat(messages_batch, params)]
 
     def session(self, params: Any) -> Any:
-        from ragen_trainer.engines.base import BatchSession
-
         return BatchSession(self, params)  # type: ignore[arg-type]  (a duck-typed engine: generate_chat is enough)
 
     def close(self) -> None:
@@ -459,8 +462,6 @@ class ModelAgent(Agent):
         which returns the prefix itself)."""
         from pathlib import Path
 
-        from ragen_trainer import models
-
         if engine not in ENGINES:
             raise ValueError(f"invalid argument engine={engine!r}: expected one of {ENGINES}")
         if prepend is not None and engine != "openai":
@@ -473,9 +474,7 @@ class ModelAgent(Agent):
                 raise ValueError("invalid argument base_url=None: the openai engine needs the endpoint's base URL")
             if not model:
                 raise ValueError("invalid argument model=None: the openai engine needs the served model's name")
-            from ragen_trainer.engines import OpenAIEngine
-
-            built = OpenAIEngine(base_url=base_url, model=model, api_key=api_key, **kwargs)
+            built = engines.OpenAIEngine(base_url=base_url, model=model, api_key=api_key, **kwargs)
             served = Path(model).expanduser()
             template_prefix = models.saved_template_prefix(served) if served.is_dir() else None
             return cls(built, name=name or model, model=model, engine_name="openai",
@@ -487,20 +486,15 @@ class ModelAgent(Agent):
         if Path(source).is_dir() and models.is_ragen_checkpoint(source):
             extra["checkpoint"] = models.read_checkpoint_info(source)
         if engine == "vllm":
-            from ragen_trainer.engines import VLLMEngine
-
             import torch
 
             if torch.cuda.is_available():  # on a CPU vLLM reads it as a share of the RAM: its own default stays
                 kwargs.setdefault("gpu_memory_utilization", 0.85)  # evaluation only: no trainer shares the GPU
-            built = VLLMEngine(source, **kwargs)
+            built = engines.VLLMEngine(source, **kwargs)
         else:
-            from ragen_trainer.engines.hf import HFEngine
-            from ragen_trainer.engines.hf_generate import GenerateEngine
-
             net, tokenizer = models.load_model_and_tokenizer(model, device=device, dtype=dtype)
             net.eval()
-            engine_cls = GenerateEngine if engine == "hf-generate" else HFEngine
+            engine_cls = engines.GenerateEngine if engine == "hf-generate" else engines.HFEngine
             built = engine_cls(net, tokenizer, batch_size=batch_size, **kwargs)
             extra["dtype"] = str(next(net.parameters()).dtype).replace("torch.", "")
         label = models.DEFAULT_MODEL if models.is_default_model(model) else str(model)
@@ -562,8 +556,6 @@ class ModelAgent(Agent):
     # -------------------------------------------------------------------------------------------- acting
     def begin_env(self, entry: Any) -> None:
         """Called by the runner before each env of the suite: take that env's pinned decoding and protocol."""
-        from ragen_trainer.rollout import check_prefix_supported
-
         check_prefix_supported(self.engine, entry.protocol, f"the suite's env {entry.name!r}")
         if not self._token_prompts:
             wanted = entry.protocol.generation_prefix
@@ -581,9 +573,6 @@ class ModelAgent(Agent):
 
     def _start(self, env_name: str, decoding: dict[str, Any]) -> None:
         """Generate from now on with ``decoding`` (the suite's keys), sampling seeds derived from ``env_name``."""
-        from ragen_trainer.engines import SamplingParams
-        from ragen_trainer.rollout import TokenAgent
-
         self.decoding = dict(decoding)
         self._env_name = env_name
         params = SamplingParams(temperature=float(decoding["temperature"]), top_p=float(decoding["top_p"]),
@@ -601,8 +590,6 @@ class ModelAgent(Agent):
 
     def _token_agent(self, context: TurnContext) -> Any:
         if self._agent is None:  # used outside the runner: the suites' default decoding
-            from ragen_trainer.evaluation.suites import DEFAULT_DECODING
-
             self._start(context.env_name, DEFAULT_DECODING)
         return self._agent
 

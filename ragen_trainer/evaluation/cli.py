@@ -34,6 +34,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+from ragen_trainer.config import parse_value
+from ragen_trainer.evaluation.agents import ModelAgent, OracleAgent, RandomAgent
+from ragen_trainer.evaluation.leaderboard import build_leaderboard
+from ragen_trainer.evaluation.rescore import main as rescore_main
+from ragen_trainer.evaluation.runner import run_suite, summary_lines
+from ragen_trainer.evaluation.schema import ResultFileWarning
+from ragen_trainer.evaluation.suites import load_suite
+
 #: Exit statuses of ``eval`` besides 0 and 2 (bad arguments or files): most episodes failed on the engine (a model
 #: endpoint down); interrupted by Ctrl-C (the finished envs kept for the next run).
 EXIT_ENGINE_FAILED = 1
@@ -120,8 +129,6 @@ def _slug(text: str) -> str:
 
 
 def _build_agent(args: argparse.Namespace) -> Any:
-    from ragen_trainer.evaluation.agents import ModelAgent, OracleAgent, RandomAgent
-
     if args.agent == "random":
         return RandomAgent(seed=args.seed)
     if args.agent == "oracle":
@@ -201,9 +208,6 @@ def protocol_overrides(args: argparse.Namespace) -> dict[str, Any]:
     same field given twice with different values is an error naming both."""
     from typing import get_type_hints
 
-    from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
-    from ragen_trainer.config import parse_value
-
     hints = get_type_hints(ProtocolSettings)
     sources: list[tuple[str, dict[str, Any]]] = []
     for pair in args.protocol_pairs:
@@ -225,12 +229,7 @@ def protocol_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_eval(args: argparse.Namespace) -> int:
     """``ragen-trainer eval``: run the suite, write the result, print the summary table. Returns the exit code."""
-    from ragen_trainer.evaluation.runner import run_suite, summary_lines
-    from ragen_trainer.evaluation.suites import load_suite
-
     if args.rescore:
-        from ragen_trainer.evaluation.rescore import main as rescore_main
-
         return rescore_main([args.rescore] + (["-o", args.output] if args.output else []))
     try:
         if args.batch_size < 1:
@@ -309,9 +308,6 @@ def run_leaderboard(args: argparse.Namespace) -> int:
 
     One file asked for by name that is bad exits 2 with the file, the field and what is wrong; from a folder or a list
     of files, bad ones are skipped with a warning on stderr (exit 2 only when no valid file is left)."""
-    from ragen_trainer.evaluation.leaderboard import build_leaderboard
-    from ragen_trainer.evaluation.schema import ResultFileWarning
-
     keep = _expand(args.results)
     single = len(args.results) == 1 and not Path(args.results[0]).is_dir()
     on_bad = "raise" if single else "warn"

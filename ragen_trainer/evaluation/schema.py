@@ -36,6 +36,8 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 
+from ragen_trainer.evaluation.metrics import GAME_OUTCOMES, outcome_rate_key, summarize
+from ragen_trainer.evaluation.suites import generation_hash, suite_hash
 from ragen_trainer.fileio import BoundedReadError, read_text_bounded
 
 RESULT_FORMAT = "ragen-eval-result"
@@ -251,8 +253,6 @@ class EnvSummary(_Record):
 
     def _outcome_problems(self) -> list[tuple[list[str | int], str]]:
         """A game's outcome rates come all together and sum to 1 (every episode counts as exactly one outcome)."""
-        from ragen_trainer.evaluation.metrics import GAME_OUTCOMES, outcome_rate_key
-
         problems = []
         for words in dict.fromkeys(GAME_OUTCOMES.values()):
             keys = [outcome_rate_key(w) for w in words]
@@ -368,8 +368,6 @@ class SuiteIdentity(_Record):
         for key, mark in (("subset_of", "+subset"), ("variant_of", "+variant")):
             if (model.definition.model_extra or {}).get(key) and mark not in model.id:
                 problems.append(_problem(["id"], f"{model.id!r} lacks {mark!r} but the definition is a {key}"))
-        from ragen_trainer.evaluation.suites import suite_hash
-
         actual = suite_hash(data["definition"])  # every suite version stores the hash of the definition it holds
         if actual != model.hash:
             problems.append(_problem(["hash"], f"{model.hash!r} is not the hash of the suite definition the "
@@ -387,8 +385,6 @@ class AgentIdentity(_Record):
 
     @model_validator(mode="after")
     def _generation_hash_names_the_settings(self) -> AgentIdentity:
-        from ragen_trainer.evaluation.suites import generation_hash
-
         if (self.generation is None) != (self.generation_hash is None):
             raise ValueError("generation and generation_hash come together (one is missing)")
         if self.generation is not None and generation_hash(self.generation) != self.generation_hash:
@@ -421,8 +417,6 @@ def _check_format(data: Any, tag: str, version: int | None) -> None:
 
 def _rescore_problems(data: dict[str, Any]) -> list[tuple[list[str | int], str]]:
     """Where the stored summary differs from the one re-scoring the episodes gives (newer metrics not required)."""
-    from ragen_trainer.evaluation.metrics import summarize
-
     order = [e["name"] for e in data["suite"]["definition"]["envs"]]
     rescored = summarize(data["episodes"], order)
     differences = _differences(data["summary"], rescored, ["summary"], only_stored=True)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ragen_envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_envs.registration import reference_settings
 from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
 from ragen_trainer.fileio import read_text_bounded
@@ -283,8 +284,6 @@ def _resolve_protocol(
     suite: str, env_name: str, env_id: str, suite_level: Any, env_level: Any, env_kwargs: dict[str, Any]
 ) -> ProtocolSettings:
     """The env's reference settings with the suite's and the env entry's changes; disagreements name both places."""
-    import ragen_envs  # noqa: F401  (registers the ragen/* ids)
-
     for where, value in ((f"suite {suite} protocol", suite_level), (f"env {env_name!r} protocol", env_level)):
         if value is not None and not isinstance(value, dict):
             raise ValueError(f"invalid {where} {value!r}: expected an object of protocol settings")

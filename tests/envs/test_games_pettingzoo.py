@@ -301,7 +301,9 @@ def test_settings_from_the_registered_id_and_game_owned_turn_budget():
     registered = ragen_envs.reference_settings("ragen/Negotiation-v0")
     assert env.settings.length_hint == registered.length_hint == 200
     assert env.settings.actions_per_turn == 1 and env.settings.max_turns == 5 + 2 * INVALID_CAP
-    env = TextGameAECEnv("tictactoe", protocol=ProtocolSettings(enable_think=False, format_penalty=-0.5))
+    with pytest.warns(UserWarning, match=r"max_turns=5 \(registered: 8\), max_actions_per_episode=10 \(registered: 8\) "
+                                         r"replaced by the game's own turn budget 11"):  # fmt: skip
+        env = TextGameAECEnv("tictactoe", protocol=ProtocolSettings(enable_think=False, format_penalty=-0.5))
     assert not env.settings.enable_think and env.settings.format_penalty == -0.5 and env.settings.max_turns == 11
     for kwargs, name in (
         ({"actions_per_turn": 2}, "actions_per_turn"),
