@@ -1,4 +1,4 @@
-"""The project's layers (``/work/shared/DESIGN.md``, "Layout"), checked on the source: every module's imports of the
+"""The project's layers, checked on the source: every module's imports of the
 project's own modules point down (or sideways, within a layer), stand at the top of the module, and
 ``import ragen_trainer.config`` stays light.
 
