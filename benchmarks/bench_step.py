@@ -61,6 +61,7 @@ Sizes (the quick defaults take a few minutes per side on a 2-core CPU with SmolL
 
     python benchmarks/bench_step.py                                   # all four workloads, both trainers
     python benchmarks/bench_step.py --workloads bandit-grpo --repeats 2 --json step.json
+    python benchmarks/bench_step.py --workloads bandit-grpo --dtype float32 bfloat16   # bf16 autocast's effect
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -179,19 +180,22 @@ def ragen_config(work: Workload, settings: Settings, output_dir: str) -> Any:
 
 
 class _OptimizerClock:
-    """Wall time inside an optimizer's ``step`` (its step pre- and post-hooks)."""
+    """Wall time inside an optimizer's ``step``, timed around the instance's ``step`` (not by step hooks: ragen's
+    optimizer subclasses AdamW and calls its ``step``, and once a plain AdamW exists in the process torch hooks that
+    one too, so the hooks would run twice per step)."""
 
     def __init__(self, optimizer: Any) -> None:
         self.seconds = 0.0
-        self._t0 = 0.0
-        optimizer.register_step_pre_hook(self._start)
-        optimizer.register_step_post_hook(self._stop)
+        step = optimizer.step
 
-    def _start(self, *args: Any) -> None:
-        self._t0 = time.perf_counter()
+        def timed_step(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
 
-    def _stop(self, *args: Any) -> None:
-        self.seconds += time.perf_counter() - self._t0
+        optimizer.step = timed_step
 
     def take(self) -> float:
         out, self.seconds = self.seconds, 0.0
@@ -438,35 +442,41 @@ def _run_worker(side: str, work: Workload, settings: Settings) -> dict[str, Any]
 
 
 # ---------------------------------------------------------------------------------------------------------- the run
-def run_benchmark(works: list[Workload], settings: Settings, repeats: int = 1) -> dict[str, Any]:
-    """Both sides of every workload, ``repeats`` times (alternating which goes first), each side's fastest run kept.
-    Returns ``{"rows": [...], "matmul_peak": {"start", "end"}, "settings": ..., "versions": ...}``."""
+def run_benchmark(works: list[Workload], settings: Settings, repeats: int = 1,
+                  dtypes: list[str] | None = None) -> dict[str, Any]:
+    """Both sides of every workload in every compute dtype (``dtypes``, default ``[settings.dtype]``), ``repeats``
+    times (alternating the order), each (dtype, side)'s fastest run kept. Returns ``{"rows": [...], "matmul_peak":
+    {dtype: {"start", "end"}}, "settings": ..., "versions": ...}``."""
     import torch
     from flops import matmul_peak
 
+    dtypes = dtypes or [settings.dtype]
     torch.set_num_threads(settings.threads)
-    dtype = getattr(torch, settings.dtype)
-    start_peak = matmul_peak(dtype=dtype)
-    _log(f"{settings.dtype} matmul peak: {start_peak:.0f} GFLOP/s on {settings.threads} threads; load average "
-         f"{os.getloadavg()[0]:.2f}")  # fmt: skip
+    peaks = {d: {"start": matmul_peak(dtype=getattr(torch, d))} for d in dtypes}
+    _log(", ".join(f"{d} matmul peak {p['start']:.0f} GFLOP/s" for d, p in peaks.items())
+         + f" on {settings.threads} threads; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
+    order = [(dtype, side) for dtype in dtypes for side in SIDES]
     rows: list[dict[str, Any]] = []
     for work in works:
-        best: dict[str, dict[str, Any]] = {}
-        runs: dict[str, list[float]] = defaultdict(list)
+        best: dict[tuple[str, str], dict[str, Any]] = {}
+        runs: dict[tuple[str, str], list[float]] = defaultdict(list)
         for repeat in range(repeats):
-            for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
-                _log(f"{work.name}: {side} (run {repeat + 1}/{repeats}), load average {os.getloadavg()[0]:.2f}")
-                row = _run_worker(side, work, settings)
+            for key in order if repeat % 2 == 0 else order[::-1]:
+                dtype, side = key
+                _log(f"{work.name}: {side}, {dtype} (run {repeat + 1}/{repeats}), load average "
+                     f"{os.getloadavg()[0]:.2f}")  # fmt: skip
+                row = _run_worker(side, work, replace(settings, dtype=dtype))
                 row["load_average"] = os.getloadavg()[0]
-                runs[side].append(row["step_s"])
-                if side not in best or row["step_s"] < best[side]["step_s"]:
-                    best[side] = row
-        for side in SIDES:
-            best[side]["runs_s"] = runs[side]
-            rows.append(best[side])
-        print(format_tables([best[s] for s in SIDES]), flush=True)
-    end_peak = matmul_peak(dtype=dtype)
-    return {"rows": rows, "matmul_peak": {"start": start_peak, "end": end_peak}, "settings": asdict(settings),
+                runs[key].append(row["step_s"])
+                if key not in best or row["step_s"] < best[key]["step_s"]:
+                    best[key] = row
+        for key in order:
+            best[key]["runs_s"] = runs[key]
+            rows.append(best[key])
+        print(format_tables([best[k] for k in order]), flush=True)
+    for d, p in peaks.items():
+        p["end"] = matmul_peak(dtype=getattr(torch, d))
+    return {"rows": rows, "matmul_peak": peaks, "settings": asdict(settings), "dtypes": dtypes,
             "workloads": [asdict(w) for w in works], "versions": versions(), "repeats": repeats}  # fmt: skip
 
 
@@ -484,6 +494,7 @@ def versions() -> dict[str, str]:
 STEP_COLUMNS: list[tuple[str, str, str]] = [
     ("workload", "workload", "{}"),
     ("side", "trainer", "{}"),
+    ("dtype", "compute", "{}"),
     ("generated_tokens", "gen tokens", "{:.0f}"),
     ("trained_completions", "trained", "{:.0f}"),
     ("step_s", "s / step", "{:.2f}"),
@@ -498,6 +509,7 @@ STEP_COLUMNS: list[tuple[str, str, str]] = [
 FLOP_COLUMNS: list[tuple[str, str, str]] = [
     ("workload", "workload", "{}"),
     ("side", "trainer", "{}"),
+    ("dtype", "compute", "{}"),
     ("tokens", "tokens T", "{:.0f}"),
     ("pairs", "attn pairs P", "{:.0f}"),
     ("head_positions", "LM-head H", "{:.0f}"),
@@ -516,23 +528,30 @@ def _table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> s
     widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     lines = []
     for n, r in enumerate(cells):
-        lines.append("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append("  ".join(c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))))
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
 
 def format_tables(rows: list[dict[str, Any]]) -> str:
-    """The step table (phases, peak RSS), the update's FLOP table, and ragen's step time as a fraction of TRL's."""
+    """The step table (phases, peak RSS), the update's FLOP table, ragen's step time as a fraction of TRL's in each
+    compute dtype, and bfloat16's step time as a fraction of float32's for each side that ran both."""
     ratios = []
-    by_work: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    by_key: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
-        by_work[row["workload"]][row["side"]] = row
-    for name, sides in by_work.items():
+        by_key[(row["workload"], row.get("dtype", "float32"))][row["side"]] = row
+    for (name, dtype), sides in by_key.items():
         if set(sides) == set(SIDES):
             r, t = sides["ragen"], sides["trl"]
-            ratios.append(f"{name}: ragen / TRL step time {r['step_s'] / t['step_s']:.2f} "
+            ratios.append(f"{name} ({dtype}): ragen / TRL step time {r['step_s'] / t['step_s']:.2f} "
                           f"({t['step_s'] / r['step_s']:.2f}x faster), fwd+bwd {r['fwd_bwd_s'] / t['fwd_bwd_s']:.2f}")
+    for (name, dtype), sides in by_key.items():
+        base = by_key.get((name, "float32"), {})
+        for side, row in sides.items() if dtype != "float32" else ():
+            if side in base:
+                ratios.append(f"{name} {side}: {dtype} / float32 step time {row['step_s'] / base[side]['step_s']:.2f}, "
+                              f"fwd+bwd {row['fwd_bwd_s'] / base[side]['fwd_bwd_s']:.2f}")  # fmt: skip
     return "\n\n".join([_table(rows, STEP_COLUMNS), _table(rows, FLOP_COLUMNS), "\n".join(ratios)])
 
 
@@ -579,9 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gradient-checkpointing", action="store_true", help="activation checkpointing on both sides")
     p.add_argument("--threads", type=positive, default=int(os.environ.get("OMP_NUM_THREADS") or 2),
                    help="torch threads of every process (default: OMP_NUM_THREADS, else 2)")  # fmt: skip
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="compute dtype of both sides' update and scoring: float32, or bfloat16 autocast over the "
-                        "float32 weights (default float32)")  # fmt: skip
+    p.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"), default=["float32"],
+                   help="compute dtype(s) of both sides' update and scoring: float32, or bfloat16 autocast over the "
+                        "float32 weights; two run each workload in both, side by side (default float32)")  # fmt: skip
     p.add_argument("--json", default="", help="also write the results to this JSON file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-result", default=None, help=argparse.SUPPRESS)
@@ -618,18 +637,19 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(str(exc))
     settings = Settings(model=args.model, steps=args.steps, warmup=args.warmup, seed=args.seed,
                         learning_rate=args.lr, gradient_checkpointing=args.gradient_checkpointing,
-                        threads=args.threads, dtype=args.dtype)  # fmt: skip
+                        threads=args.threads, dtype=args.dtype[0])  # fmt: skip
     started = time.perf_counter()
-    result = run_benchmark(works, settings, args.repeats)
+    result = run_benchmark(works, settings, args.repeats, dtypes=args.dtype)
     peak = result["matmul_peak"]
-    print(f"\n== One training step, ragen-trainer vs TRL GRPOTrainer, same work ({settings.model}, {settings.dtype} "
-          f"compute, float32 weights, "
-          f"{settings.threads} threads; mean of {settings.steps} timed step(s) after {settings.warmup} warm-up; "
-          f"{'fastest of ' + str(args.repeats) + ' runs' if args.repeats > 1 else 'one run'} per side; activation "
-          f"checkpointing {'on' if settings.gradient_checkpointing else 'off'})")  # fmt: skip
+    print(f"\n== One training step, ragen-trainer vs TRL GRPOTrainer, same work ({settings.model}, float32 weights, "
+          f"{' and '.join(args.dtype)} compute, {settings.threads} threads; mean of {settings.steps} timed step(s) "
+          f"after {settings.warmup} warm-up; {'fastest of ' + str(args.repeats) + ' runs' if args.repeats > 1 else 'one run'} "
+          f"per side; activation checkpointing {'on' if settings.gradient_checkpointing else 'off'})")  # fmt: skip
     print("versions: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items()))
-    print(f"{settings.dtype} matmul peak: {peak['start']:.0f} GFLOP/s at the start, {peak['end']:.0f} at the end "
-          f"(each row: its own process's, just before its steps)\n")  # fmt: skip
+    for dtype, peak in result["matmul_peak"].items():
+        print(f"{dtype} matmul peak: {peak['start']:.0f} GFLOP/s at the start, {peak['end']:.0f} at the end "
+              f"(each row: its own process's, just before its steps)")  # fmt: skip
+    print()
     print(format_tables(result["rows"]))
     print("\nFLOPs = 6 N T + 12 layers d_attn P + 6 d V H (model FLOPs of the update's forward and backward; "
           "recomputed forwards not counted); GFLOP/s over fwd+bwd seconds.")

@@ -13,6 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
+from accelerate.state import AcceleratorState
 
 from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer
 
@@ -64,7 +65,21 @@ def test_bfloat16_is_autocast_over_float32_weights(tmp_path):
     settings = bench_step.Settings(dtype="bfloat16")
     cfg = bench_step.ragen_config(_work("bandit-grpo"), settings, str(tmp_path))
     assert (cfg.dtype, cfg.master_dtype) == ("bfloat16", "float32")
-    assert bench_step.build_parser().parse_args(["--dtype", "bfloat16"]).dtype == "bfloat16"
+    assert bench_step.build_parser().parse_args(["--dtype", "float32", "bfloat16"]).dtype == ["float32", "bfloat16"]
+
+
+def _row(side: str, dtype: str, step_s: float, fwd_bwd_s: float) -> dict:
+    return {"workload": "bandit-grpo", "side": side, "dtype": dtype, "step_s": step_s, "fwd_bwd_s": fwd_bwd_s}
+
+
+def test_tables_compare_the_trainers_per_dtype_and_the_dtypes_per_trainer():
+    rows = [_row("ragen", "float32", 50.0, 30.0), _row("trl", "float32", 100.0, 60.0),
+            _row("ragen", "bfloat16", 25.0, 10.0), _row("trl", "bfloat16", 80.0, 40.0)]  # fmt: skip
+    text = bench_step.format_tables(rows)
+    assert "bandit-grpo (float32): ragen / TRL step time 0.50 (2.00x faster), fwd+bwd 0.50" in text
+    assert "bandit-grpo (bfloat16): ragen / TRL step time 0.31" in text
+    assert "bandit-grpo ragen: bfloat16 / float32 step time 0.50, fwd+bwd 0.33" in text
+    assert "bandit-grpo trl: bfloat16 / float32 step time 0.80, fwd+bwd 0.67" in text
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -77,9 +92,14 @@ def test_one_starpo_s_step_on_each_side(tiny_model_dir, dtype):
         rows = {side: bench_step.run_side(side, work, settings) for side in bench_step.SIDES}
     finally:
         torch.set_num_threads(threads)
+        # TRL's Accelerator(mixed_precision="bf16") lives on in accelerate's process-wide state, which a later
+        # Accelerator in this process (ragen's, in other tests) would inherit; the benchmark runs each side in a
+        # process of its own
+        AcceleratorState._reset_state(reset_partial_state=True)
     for side, row in rows.items():
         assert row["steps"] == 1 and row["calls"] > 0 and row["flops"] > 0, side
         assert row["fwd_bwd_s"] > 0 and row["step_s"] >= row["rollout_s"] + row["fwd_bwd_s"], side
+        assert 0 < row["optimizer_s"] < row["step_s"], side
         assert row["trained_completions"] == 2, side  # one group of 4 kept (floor(0.25 x 4)), both sides
         assert row["matmul_peak_gflops_per_s"] > 0 and row["peak_rss_gb"] > 0 and row["dtype"] == dtype, side
         assert 0 < row["generated_tokens"] <= work.completions * work.max_new_tokens, side
@@ -88,4 +108,4 @@ def test_one_starpo_s_step_on_each_side(tiny_model_dir, dtype):
     assert ragen["tokens"] < trl["tokens"] / 4
     assert ragen["head_positions"] <= 2 * work.max_new_tokens < trl["head_positions"]
     table = bench_step.format_tables([ragen, trl])
-    assert "bandit-starpo-s: ragen / TRL step time" in table and "GFLOP/s" in table
+    assert f"bandit-starpo-s ({dtype}): ragen / TRL step time" in table and "GFLOP/s" in table
