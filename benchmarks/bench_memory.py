@@ -28,6 +28,7 @@ counts, so a phase's peak can include what an earlier phase freed but the proces
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import threading
@@ -92,6 +93,7 @@ class PhaseSampler:
 
 
 def _wrap(sampler: PhaseSampler, phase: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(method)  # keeps what others marked on it (torch's LR scheduler marks the optimizer's step)
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         with sampler.in_phase(phase):
             return method(*args, **kwargs)

@@ -67,6 +67,7 @@ Sizes (the quick defaults take a few minutes per side on a 2-core CPU with SmolL
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -188,6 +189,7 @@ class _OptimizerClock:
         self.seconds = 0.0
         step = optimizer.step
 
+        @functools.wraps(step)  # keeps the marks torch's LR scheduler put on the step it wrapped
         def timed_step(*args: Any, **kwargs: Any) -> Any:
             t0 = time.perf_counter()
             try:
