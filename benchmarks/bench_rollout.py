@@ -28,7 +28,7 @@ outside the engine (env steps, protocol, chat-template deltas, bookkeeping) and 
 with the range of its times: on a shared machine the same work varies by 10-25 % from run to run (the slow runs are
 other tenants' load, not the code), and the fastest run is the one least disturbed, as ``timeit`` reports.
 ``--trl`` adds one GRPO training step on Bandit through ``ragen-trainer`` and through TRL's ``GRPOTrainer`` on the same
-work (:mod:`benchmarks.trl_step`).
+work (:mod:`benchmarks.bench_step`, which also runs StarPO-S and FrozenLake).
 
     python benchmarks/bench_rollout.py                        # Bandit, FrozenLake, Sokoban; 4 x 8 episodes each
     python benchmarks/bench_rollout.py --envs ragen/FrozenLake-v0 --max-new-tokens 64 --trl
@@ -224,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"rollouts": rows, "threads": torch.get_num_threads(),
                               "versions": package_versions(args.vllm)}  # fmt: skip
     if args.trl:
-        from trl_step import format_table as trl_table
-        from trl_step import run_trl_comparison
+        from bench_step import ENVS, Settings, Workload, format_tables, run_benchmark
 
-        trl_rows = run_trl_comparison(groups=args.groups, group_size=args.group_size, max_new_tokens=64,
-                                      seed=args.seed)  # fmt: skip
+        total = args.groups * args.group_size
+        work = Workload("bandit-grpo", ENVS["bandit"], "grpo", args.groups, args.group_size, 64, math.gcd(8, total))
+        step = run_benchmark([work], Settings(seed=args.seed, threads=torch.get_num_threads()))
         print("\nOne GRPO training step on Bandit, same work:\n")
-        print(trl_table(trl_rows))
-        result["training_step"] = trl_rows
+        print(format_tables(step["rows"]))
+        result["training_step"] = step
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return 0
