@@ -60,6 +60,13 @@ LOCAL_IMPORTS_ALLOWED: dict[tuple[str, str], str] = {
     **{("ragen_trainer.cli", f"ragen_trainer.{name}"): "the train command loads the training stack (torch, "
        "transformers, accelerate: seconds) when a run starts, so --help, presets and a bad config answer at once"
        for name in ("distributed", "precision", "trainer")},
+    **{("benchmarks.bench_step", f"ragen_trainer.{name}"): "each side of the benchmark runs in a worker process "
+       "that loads its own stack when it starts (TRL_EXPERIMENTAL_SILENCE is set before TRL loads); the parent "
+       "process only schedules the workers and prints the tables"
+       for name in ("config", "trainer", "models", "trl_integration")},
+    **{("benchmarks.bench_memory", f"ragen_trainer.{name}"): "the benchmark measures the memory of each phase, "
+       "the first one being the Python runtime before the trainer's modules load"
+       for name in ("critic", "cli", "distributed", "models", "precision", "trainer")},
 }
 
 
