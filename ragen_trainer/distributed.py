@@ -67,9 +67,21 @@ def make_accelerator(config: Any) -> Accelerator:
             ds_file, compute_dtype(config.dtype, "cuda" if not cpu else "cpu"), config.micro_batch_size))
         if cpu and launched:
             kwargs["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
-    elif cpu:
-        kwargs["cpu"] = True  # one process, or DDP over gloo (MULTI_CPU) under a launcher
-    return Accelerator(**kwargs)
+    else:
+        # ragen autocasts its own passes (ragen_trainer.precision, --dtype): accelerate must not wrap the model in a
+        # second autocast, nor inherit one from an Accelerator made earlier in this process (e.g. TRL's bf16=True)
+        kwargs["mixed_precision"] = "no"
+        if cpu:
+            kwargs["cpu"] = True  # one process, or DDP over gloo (MULTI_CPU) under a launcher
+    try:
+        return Accelerator(**kwargs)
+    except ValueError as exc:
+        if "already been initialized" not in str(exc):
+            raise
+        raise ValueError(
+            "this process already made an accelerate Accelerator with other settings (for example a TRL trainer "
+            "with bf16=True), and accelerate keeps one state per process: ragen's run needs mixed_precision 'no' "
+            "(it autocasts by itself, see --dtype); start the run in a fresh process") from exc
 
 
 def _single_process_env() -> None:

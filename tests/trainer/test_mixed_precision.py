@@ -17,10 +17,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from safetensors import safe_open
 
 from ragen_trainer import cli
 from ragen_trainer.config import load_config
+from ragen_trainer.distributed import make_accelerator
 from ragen_trainer.trainer import StarPOTrainer
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 
@@ -122,3 +125,17 @@ def test_train_command_with_bf16_compute_saves_float32_weights_that_all_moved(tm
     for key, value in final.items():
         if value.dim() == 2 and "embed" not in key:
             assert float((value != initial[key]).float().mean()) > 0.99, key
+
+
+def test_an_earlier_bf16_accelerator_in_the_process_is_refused_not_inherited():
+    """accelerate keeps one state per process: an Accelerator made earlier with bf16 (e.g. by TRL) would wrap ragen's
+    model in a second autocast. make_accelerator asks for mixed_precision 'no' and says what to do when it cannot."""
+    cfg = load_config("starpo-s")
+    try:
+        assert make_accelerator(cfg).mixed_precision == "no"
+        AcceleratorState._reset_state(reset_partial_state=True)
+        Accelerator(cpu=True, mixed_precision="bf16")
+        with pytest.raises(ValueError, match="fresh process"):
+            make_accelerator(cfg)
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
