@@ -40,6 +40,7 @@ from ragen_trainer.config import (
     parse_overrides,
 )
 from ragen_trainer.evaluation import cli as eval_cli
+from ragen_trainer.host_memory import peak_rss_bytes
 from ragen_trainer.models import ModelLoadError, check_model_source, load_model_and_tokenizer
 
 #: Exit status after Ctrl-C (the shell's convention for SIGINT).
@@ -249,7 +250,7 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     # trainer (tests/test_layers.py allows it by name).
     from ragen_trainer.distributed import make_accelerator
     from ragen_trainer.precision import compute_dtype
-    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer, peak_rss_bytes
+    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer
 
     try:  # first: the processes' state (DDP, DeepSpeed, gloo on CPUs) is made once, and the model's device comes from it
         state = make_accelerator(cfg)

@@ -126,7 +126,7 @@ RESUME_SAFE_FIELDS: frozenset[str] = frozenset({
     "total_steps", "output_dir", "resume", "logging_steps", "report_to", "save_steps", "save_total_limit",
     "val_every", "val_groups", "val_temperature", "engine", "engine_url", "generation_batch_size",
     "micro_batch_size", "gradient_checkpointing", "deepspeed", "dtype", "share_prefixes",
-    "old_logprob_pass",
+    "old_logprob_pass", "release_freed_memory",
     # a label: the values a preset implies are compared field by field (and configs saved before it existed lack it)
     "preset",
 })
@@ -313,6 +313,13 @@ class StarPOConfig:
         "fraction of the memory (verl's default, enable_gradient_checkpointing: True). Measured with SmolLM2 on CPU: a "
         "micro-batch of 8 five-turn FrozenLake trajectories (~1,000 tokens each) peaks at 15 GB without it, 4.4 GB "
         "with it, in about the same time.",
+    )
+    release_freed_memory: bool = _f(
+        True,
+        "On Linux (glibc): give freed tensors of 1 MiB or more back to the system at once (a fixed malloc mmap "
+        "threshold, ragen_trainer.host_memory) instead of letting glibc keep them as its threshold grows. The same "
+        "computation in less resident memory: one checkpointed SmolLM2 forward and backward of 2,973 tokens peaks "
+        "at 2.1 GB instead of 3.1 GB, as fast. false: glibc's default.",
     )
     old_logprob_pass: str = _f(
         "auto",

@@ -92,6 +92,7 @@ from ragen_trainer.distributed import (
 )
 from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.factory import make_training_engine
+from ragen_trainer.host_memory import peak_rss_bytes, return_freed_memory
 from ragen_trainer.fileio import atomic_write_json
 from ragen_trainer.filtering import filter_groups
 from ragen_trainer.model_card import serving_settings, serving_tokenizer, write_serving_files
@@ -228,6 +229,8 @@ class StarPOTrainer:
         if cfg.gradient_checkpointing:  # verl's default: the same gradients in a fraction of the activations' memory
             enable_activation_checkpointing(model)
         model.train()
+        if cfg.release_freed_memory:
+            return_freed_memory()
 
         self.adamw = self._make_optimizer(model)
         # The schedule advances once per training step, as verl's actor_lr_scheduler (warm-up in training steps).
@@ -887,16 +890,6 @@ class PolicyView:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
-
-
-def peak_rss_bytes() -> int:
-    """The most resident memory this process has held so far (Linux and macOS; 0 where unknown)."""
-    try:
-        import resource
-    except ImportError:  # pragma: no cover - Windows
-        return 0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak) * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
 
 
 def _catch_sigterm() -> Any:

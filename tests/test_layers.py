@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ragen_envs",),
     # the trainer's plain-data foundation (no torch at import): files, YAML, trajectories, filtering, model files
     ("ragen_trainer", "ragen_trainer.fileio", "ragen_trainer.safe_yaml", "ragen_trainer.trajectory",
-     "ragen_trainer.filtering", "ragen_trainer.models"),
+     "ragen_trainer.filtering", "ragen_trainer.models", "ragen_trainer.host_memory"),
     # named settings: the run config with its presets, the evaluation suites (data, like the presets)
     ("ragen_trainer.config", "ragen_trainer.evaluation", "ragen_trainer.evaluation.suites"),
     # the compute pieces: precision, losses, advantages, critic, packing, optimizer, processes, engines, saved

@@ -38,6 +38,7 @@ NOT_RECORDED: dict[str, str] = {
     "dtype": "the compute dtype (bfloat16 under the reference's FSDP mixed precision on a GPU)",
     "master_dtype": "the stored dtype: float32, as the reference's FSDP parameters and AdamW state",
     "share_prefixes": "how a micro-batch is laid out (packed), not what is computed",
+    "release_freed_memory": "host memory policy (glibc's mmap threshold), not what is computed",
     "old_logprob_pass": "skips a scoring pass whose log-probs equal the update's own (one update per step)",
     "lora_alpha": "unused at rank 0",
     "lora_rank": "full fine-tuning in both (lora.enabled False / lora.rank 0)",
