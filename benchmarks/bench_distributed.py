@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ragen_trainer.engines.local_server import free_port  # noqa: E402
+from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer  # noqa: E402
 
 BACKENDS = ("single", "ddp", "zero2", "zero3")
 PHASES = ("time/rollout", "time/scoring", "time/update")
@@ -69,8 +70,6 @@ def train_command(backend: str, model: str, out: Path, args: argparse.Namespace)
 
 def tiny_model(folder: Path) -> str:
     """A small random Llama with the bundled SmolLM2 tokenizer, saved once for every backend's run."""
-    from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer
-
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, seed=0)
     model.save_pretrained(folder)

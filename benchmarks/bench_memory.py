@@ -41,6 +41,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ragen_trainer.host_memory import peak_rss_bytes  # noqa: E402  (light: no torch, so the first phase stays bare)
+
 PHASES = ("load", "init", "validate", "rollout", "score", "fwd+bwd", "optimizer", "save", "other")
 GB = 1e9
 
@@ -159,7 +161,7 @@ def run(argv: list[str]) -> dict[str, Any]:
     from ragen_trainer.distributed import make_accelerator
     from ragen_trainer.models import load_model_and_tokenizer
     from ragen_trainer.precision import compute_dtype
-    from ragen_trainer.trainer import StarPOTrainer, peak_rss_bytes
+    from ragen_trainer.trainer import StarPOTrainer
 
     sampler = PhaseSampler().start()  # after the imports: the baseline is the runtime (Python, torch, transformers)
     started = time.perf_counter()

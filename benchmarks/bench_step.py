@@ -83,6 +83,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ragen_trainer.host_memory import peak_rss_bytes  # noqa: E402  (light: no torch)
+
 #: Algorithm -> (ragen preset, the settings both sides get from it).
 ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
     "grpo": ("grpo", {"filter_ratio": 1.0, "clip_low": 0.2, "clip_high": 0.2}),
@@ -205,8 +207,6 @@ class _OptimizerClock:
 
 
 def _peak_rss_gb() -> float:
-    from ragen_trainer.trainer import peak_rss_bytes
-
     return peak_rss_bytes() / 1e9
 
 

@@ -44,7 +44,7 @@ from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.packing import pack, use_packed_attention
 from ragen_trainer.rollout import collect_rollouts
 from ragen_trainer.update import action_mask, token_logprobs
-from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer
+from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer, padded_batch
 
 #: Timed rounds per path; each path's fastest counts. On a machine shared with other jobs a round can run 1.5-2x
 #: slower than the quietest one, so enough rounds for one of them to be quiet (5 were not: ratios moved 50 % run to run).
@@ -78,16 +78,6 @@ def bandit_batch(tokenizer):
     return trajs, action_mask(trajs, max(len(t.input_ids) for t in trajs) - 1)
 
 
-def _padded(trajs):
-    width = max(len(t.input_ids) for t in trajs)
-    ids = torch.zeros(len(trajs), width, dtype=torch.long)
-    attn = torch.zeros(len(trajs), width, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        ids[i, : len(t.input_ids)] = torch.tensor(t.input_ids)
-        attn[i, : len(t.input_ids)] = 1
-    return ids, attn
-
-
 def _padded_logprobs(model, ids, attn, mask):
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) * mask
@@ -113,7 +103,7 @@ def test_update_micro_batch(benchmark, tokenizer, bandit_batch):
     trajs, mask = bandit_batch
     model = _model(tokenizer)
     packed = pack(trajs, mask)
-    ids, attn = _padded(trajs)
+    ids, attn = padded_batch(trajs)
 
     def backward(logp):
         (-(logp * mask).sum() / mask.sum()).backward()
@@ -135,7 +125,7 @@ def test_scoring_pass(benchmark, tokenizer, bandit_batch):
     trajs, mask = bandit_batch
     model = _model(tokenizer).eval()
     packed = pack(trajs, mask)
-    ids, attn = _padded(trajs)
+    ids, attn = padded_batch(trajs)
 
     @torch.no_grad()
     def ragen():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import shutil
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ragen_trainer.config import FolderPlan, StarPOConfig, check_output_folder, run_files
+from ragen_trainer.fileio import read_json_object
 from ragen_trainer.models import (
     BROKEN_PREFIX,
     CHECKPOINT_PATTERN,
@@ -123,11 +123,7 @@ def checkpoint_step(folder: str | os.PathLike[str]) -> int:
 
 def read_trainer_state(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The ``trainer_state.json`` of a checkpoint (``{}`` when unreadable: the checkpoint then fails verification)."""
-    try:
-        data = json.loads((Path(folder) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(Path(folder) / TRAINER_STATE_FILE)
 
 
 def newest_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:

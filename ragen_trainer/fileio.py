@@ -93,6 +93,16 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any, *, indent: int | 
     return atomic_write_text(path, json.dumps(data, indent=indent, allow_nan=False, **dumps) + "\n")
 
 
+def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The JSON object in ``path``; ``{}`` when the file is missing, unreadable, not JSON or not an object (for the
+    small records ragen writes itself next to a model: a missing or broken one reads as empty)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def append_line(path: str | os.PathLike[str], line: str) -> None:
     """Append one line (a JSONL record) with a single ``write`` of the whole line and an fsync, so a crash leaves
     either the whole line or none of it (a partial last line, if the disk itself tears it, is skipped by readers)."""

@@ -42,7 +42,7 @@ from typing import Any
 
 from ragen_trainer.config import PRESETS, load_config, preset
 from ragen_trainer.evaluation.suites import available_suites, load_suite
-from ragen_trainer.fileio import apply_umask, atomic_write_text
+from ragen_trainer.fileio import apply_umask, atomic_write_text, read_json_object
 from ragen_trainer.models import (
     DEFAULT_MODEL,
     add_prefix_to_template,
@@ -112,11 +112,7 @@ def serving_settings(config: Any) -> ServingSettings:
 def read_serving_settings(folder: str | Path) -> dict[str, Any] | None:
     """The ``"ragen"`` block of a saved folder's ``generation_config.json`` (``None`` for an older checkpoint or a
     model that is not ragen's)."""
-    try:
-        data = json.loads((Path(folder) / "generation_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    block = data.get(GENERATION_CONFIG_KEY) if isinstance(data, dict) else None
+    block = read_json_object(Path(folder) / "generation_config.json").get(GENERATION_CONFIG_KEY)
     return block if isinstance(block, dict) else None
 
 

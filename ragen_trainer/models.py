@@ -37,7 +37,7 @@ from typing import Any
 
 from ragen_envs.cache import cache_dir
 from ragen_envs.core import check_arg
-from ragen_trainer.fileio import apply_umask, atomic_write_json, atomic_write_text
+from ragen_trainer.fileio import apply_umask, atomic_write_json, atomic_write_text, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -146,11 +146,7 @@ def is_ragen_checkpoint(path: str | os.PathLike[str]) -> bool:
 
 def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON the trainer wrote into a checkpoint's marker (``{}`` when it is empty or unreadable)."""
-    try:
-        data = json.loads((Path(path) / CHECKPOINT_MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return read_json_object(Path(path) / CHECKPOINT_MARKER)
 
 
 def write_checkpoint_marker(path: str | os.PathLike[str], info: dict[str, Any] | None = None) -> Path:

@@ -28,6 +28,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from ragen_trainer.update import pad_rows  # noqa: E402  (after the skips: it needs torch)
+
 # Tiny models run fastest on one thread: their matmuls are too small to split, and with two threads on a busy
 # 2-core CI machine every op waits for a core (measured: a 32-wide linear layer 25x slower).
 torch.set_num_threads(1)
@@ -134,6 +136,15 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     build_tiny_model(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def padded_batch(trajs: Any) -> tuple[Any, Any]:
+    """``input_ids`` and ``attention_mask`` (``[B, W]`` long) of trajectories padded on the right: the ordinary padded
+    batch that packing is checked and timed against."""
+    width = max(len(t.input_ids) for t in trajs)
+    ids = pad_rows([t.input_ids for t in trajs], width, 0, torch.long)
+    attn = pad_rows([[1] * len(t.input_ids) for t in trajs], width, 0, torch.long)
+    return ids, attn
 
 
 class ScriptedEngine:

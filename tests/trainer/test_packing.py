@@ -17,7 +17,7 @@ from ragen_trainer.critic import attach_critic, install_policy_forward
 from ragen_trainer.packing import pack, shared_prefix_length, use_packed_attention
 from ragen_trainer.trainer import StarPOTrainer
 from ragen_trainer.update import action_mask, token_logprobs
-from tests.trainer.conftest import ScriptedEngine, build_tiny_model
+from tests.trainer.conftest import ScriptedEngine, build_tiny_model, padded_batch
 
 _BANDIT = ["<answer>Dragon</answer>", "<answer>Phoenix</answer>", "nonsense", "<answer>Dragon</answer>"]
 _LAKE = ["Right || Down", "Down || Right", "Left", "nonsense"]
@@ -45,12 +45,7 @@ def _rollouts(tmp_path, tokenizer, env, loss_mask="replies"):
 
 def _padded_reference(model, trajs, mask, *, values):
     """Log-probs (temperature 1), entropies and values at ``mask`` from an ordinary padded forward."""
-    width = max(len(t.input_ids) for t in trajs)
-    ids = torch.zeros(len(trajs), width, dtype=torch.long)
-    attn = torch.zeros(len(trajs), width, dtype=torch.long)
-    for i, t in enumerate(trajs):
-        ids[i, : len(t.input_ids)] = torch.tensor(t.input_ids)
-        attn[i, : len(t.input_ids)] = 1
+    ids, attn = padded_batch(trajs)
     out = model(input_ids=ids, attention_mask=attn, return_values=values) if values else model(
         input_ids=ids, attention_mask=attn)
     logits = out["logits"][:, :-1].float()
