@@ -230,8 +230,8 @@ def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor
 
 def policy_copy(model: nn.Module) -> nn.Module:
     """A deep copy of the policy without its critic and with the plain ``forward`` (e.g. the frozen reference):
-    a copied patched ``forward`` would still call the original model."""
-    clone = copy.deepcopy(model)
+    a copied patched ``forward`` would still call the original model. Whole weights under ZeRO-3 (:func:`whole_copy`)."""
+    clone = whole_copy(model)
     clone.__dict__.pop("forward", None)
     clone.__dict__.pop("_ragen_forward_installed", None)
     if getattr(clone, CRITIC_ATTR, None) is not None:

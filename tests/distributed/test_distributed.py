@@ -182,3 +182,11 @@ def test_the_train_command_under_zero3_copies_the_whole_policy_into_a_separate_c
         source = initial[f"model.{name}"]
         assert value.shape == source.shape, name
         assert float((value.float() - source.float()).abs().max()) < 1e-3, name  # one step at lr 1e-6
+
+
+def test_copies_of_a_zero3_partitioned_policy_hold_its_whole_weights():
+    """The frozen reference and self-play snapshots (``policy_copy``) and the separate critic's backbone, copied from
+    a policy that ``from_pretrained`` loaded partitioned: every weight whole and equal to the gathered original."""
+    proc = subprocess.run([sys.executable, str(REPO / "tests" / "distributed" / "zero3_copies.py")],
+                          capture_output=True, text=True, timeout=300, env=_env(), check=False)  # fmt: skip
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
