@@ -8,15 +8,19 @@
 of speed, ``bash scripts/check_hot_paths.sh hot.json`` and then ``--update`` with that report save new baselines
 (commit benchmarks/baselines/hot_paths.json with the change, and say why in its message).
 
-A ratio is ragen's time over the reference path's time of the same group, both measured in the same run, in turns
-(the fastest round of each), so a slower or busier machine slows both and leaves the ratio alone; a change that makes
-ragen's path slower than it was, relative to the same work done plainly, moves it. Prints a table of every group.
+A group's ratio is the median, over its paired rounds, of ragen's CPU time per call over the reference path's in the
+same round (``benchmarks/test_hot_paths.py`` says why each part: long timed units, rounds that time both paths back
+to back, the median, CPU time), so a slower or busier machine slows both and leaves the ratio alone; a change that
+makes ragen's path slower than it was, relative to the same work done plainly, moves it. Prints a table of every
+group, with the spread of its rounds' ratios (the middle half: 25th to 75th percentile).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -26,16 +30,21 @@ TOLERANCE = 0.20
 
 
 def ratios(report: dict) -> dict[str, dict[str, float]]:
-    """Per benchmark group: ragen's and the reference's fastest round (seconds) and their ratio. ragen's rounds are
-    the benchmark's own; the reference's, timed in turn with them, are in its ``extra_info["reference_s"]``."""
+    """Per benchmark group: the median of its rounds' ratios (``ratio``), the medians of ragen's and the reference's
+    times per call (``ragen``, ``reference``, seconds), the 25th and 75th percentiles of the ratios (``low``,
+    ``high``) and the number of rounds. Benchmarks without paired rounds (``extra_info["ratios"]``) are left out."""
     out: dict[str, dict[str, float]] = {}
     for bench in report.get("benchmarks", []):
-        reference = (bench.get("extra_info") or {}).get("reference_s")
-        if not reference:
+        info = bench.get("extra_info") or {}
+        rounds = [float(r) for r in info.get("ratios") or [] if isinstance(r, (int, float)) and math.isfinite(r)]
+        if not rounds:
             continue
-        ragen, fastest = float(bench["stats"]["min"]), float(min(reference))
-        if fastest > 0:
-            out[bench.get("group") or bench["name"]] = {"ragen": ragen, "reference": fastest, "ratio": ragen / fastest}
+        low, _, high = statistics.quantiles(rounds, n=4) if len(rounds) > 1 else (rounds[0],) * 3
+        out[bench.get("group") or bench["name"]] = {
+            "ratio": statistics.median(rounds), "low": low, "high": high, "rounds": len(rounds),
+            "ragen": statistics.median(info.get("ragen_s") or [math.nan]),
+            "reference": statistics.median(info.get("reference_s") or [math.nan]),
+        }
     return out
 
 
@@ -50,18 +59,31 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"compare_hot_paths: error: cannot read {args.report}: {exc}", file=sys.stderr)
         return 2
+    except (AttributeError, KeyError, TypeError) as exc:  # JSON, but not shaped as pytest-benchmark writes it
+        print(f"compare_hot_paths: error: {args.report} is not a pytest-benchmark report: {exc!r}", file=sys.stderr)
+        return 2
     if not current:
-        print(f"compare_hot_paths: error: {args.report} holds no ragen/reference pair", file=sys.stderr)
+        print(f"compare_hot_paths: error: {args.report} holds no paired rounds of ragen and reference (a report of "
+              "benchmarks/test_hot_paths.py, written with --benchmark-json)", file=sys.stderr)
         return 2
     saved_path = Path(args.baselines)
-    saved = json.loads(saved_path.read_text(encoding="utf-8")) if saved_path.is_file() else {}
+    try:
+        saved = json.loads(saved_path.read_text(encoding="utf-8")) if saved_path.is_file() else {}
+    except (OSError, ValueError) as exc:
+        print(f"compare_hot_paths: error: cannot read the baselines {saved_path}: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(saved, dict) or not all(isinstance(v, (int, float)) and v > 0 for v in saved.values()):
+        print(f"compare_hot_paths: error: the baselines {saved_path} are not a JSON object of positive ratios",
+              file=sys.stderr)
+        return 2
     if args.update:
         merged = {**saved, **{g: round(v["ratio"], 4) for g, v in current.items()}}
         saved_path.parent.mkdir(parents=True, exist_ok=True)
         saved_path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         print(f"saved {len(current)} baseline ratio(s) to {saved_path}")
         return 0
-    print(f"{'group':<10} {'ragen s':>9} {'reference s':>12} {'ratio':>7} {'baseline':>9} {'change':>8}  verdict")
+    print(f"{'group':<10} {'ragen s':>9} {'reference s':>12} {'rounds':>6} {'ratio':>7} {'middle half':>13} "
+          f"{'baseline':>9} {'change':>8}  verdict")
     failed = []
     for group, row in sorted(current.items()):
         base = saved.get(group)
@@ -71,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(group)
         base_text = f"{base:9.3f}" if base is not None else f"{'-':>9}"
         change_text = f"{change:+8.1%}" if change is not None else f"{'-':>8}"
-        print(f"{group:<10} {row['ragen']:9.4f} {row['reference']:12.4f} {row['ratio']:7.3f} {base_text} "
-              f"{change_text}  {verdict}")
+        spread = f"{row['low']:.3f}-{row['high']:.3f}"
+        print(f"{group:<10} {row['ragen']:9.4f} {row['reference']:12.4f} {row['rounds']:6d} {row['ratio']:7.3f} "
+              f"{spread:>13} {base_text} {change_text}  {verdict}")
     if failed:
         print(f"regression of more than {TOLERANCE:.0%} in: {', '.join(failed)}", file=sys.stderr)
         return 1

@@ -22,10 +22,26 @@ Scales.
   batches and few steps, and the ``reply-format`` warm-up (:mod:`ragen_trainer.warmup`), without which that model
   earns the same format penalty on every rollout and nothing can be learned. Runs train in this process.
 
-A run that finished (its ``summary.json`` says so) is read back, not trained again, so an interrupted experiment
-resumes where it stopped; runs shared by several experiments (``ppo`` on Sokoban is in Figures 5, 8 and 9) train
-once. Runs with generalisation splits are evaluated on them after training (:data:`SPLITS`: the final model, one
-rollout per state at the validation temperature). Curves are EMA-smoothed as the paper's (its Appendix B.3 gives no
+Runs and what they are. A run's identity is its whole resolved configuration: the
+:class:`~ragen_trainer.config.StarPOConfig` after the preset, the scale, the run's changes and ``--model``, ``--seed``
+and ``--engine`` (all fields but those that only place or report it, :data:`PLACEMENT_FIELDS`), plus the warm-up's
+settings at the CPU scale (:func:`run_identity`). Its short hash names the run's folder
+(``<runs>/<scale>/<env>/<run>-<hash>``, the identity written in its ``reproduce.json``), so another model or seed
+trains in its own folder and never reads back another's; the experiment's JSON records each run's identity, and its
+name carries ``--seed``, ``--model`` and ``--engine`` when they are not the defaults. The caches are keyed the same
+way: the warm-up by its settings (:mod:`ragen_trainer.warmup`), ``splits.json`` by the run's identity and its final
+model, and dropped when the run trains again.
+
+A run that finished (its ``summary.json`` says so, and its ``metrics.jsonl`` holds every step) is read back, not
+trained again; an interrupted one resumes from its checkpoint when the same command is run again (Ctrl-C: exit 130,
+"interrupted; run the same command again to resume"; a failed run: exit 1). Runs shared by several experiments
+(``ppo`` on Sokoban is in Figures 5, 8 and 9) train once. A damaged record is named with what is done about it: a torn
+or odd ``summary.json`` trains the run again (from its newest checkpoint), a torn ``splits.json`` evaluates again, a
+finished run whose ``metrics.jsonl`` is missing, empty or lacks steps stops the experiment (exit 3) before anything is
+written, so the experiment's JSON and PNG are never replaced by empty curves.
+
+Runs with generalisation splits are evaluated on them after training (:data:`SPLITS`: the final model, one rollout
+per state at the validation temperature). Curves are EMA-smoothed as the paper's (its Appendix B.3 gives no
 coefficient: :data:`EMA` is ours), the raw points drawn faintly beside them.
 """
 
@@ -33,26 +49,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
+import os
+import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragen_trainer.cli import train_from_config
+from ragen_trainer.cli import EXIT_INTERRUPTED, train_from_config
 from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
-from ragen_trainer.models import load_model_and_tokenizer
+from ragen_trainer.fileio import BoundedReadError, atomic_write_json, atomic_write_text, file_mode, read_text_bounded
+from ragen_trainer.models import check_model_source, load_model_and_tokenizer
 from ragen_trainer.monitor import read_metrics
 from ragen_trainer.rollout import collect_rollouts
 from ragen_trainer.trainer import VAL_SEED_BASE
-from ragen_trainer.warmup import warmup_model
+from ragen_trainer.warmup import settings_key, warmup_model, warmup_settings
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -62,6 +83,38 @@ EMA = 0.6
 
 #: The paper's model (Section 3.2, Appendix B.2).
 PAPER_MODEL = "Qwen/Qwen2.5-0.5B-Instruct"
+
+#: Exit statuses: a run failed; a record is damaged or a folder holds another run, and only the user can settle it
+#: (nothing was written); interrupted (Ctrl-C), to be resumed by the same command.
+EXIT_FAILED = 1
+EXIT_REFUSED = 3
+#: Config fields that only say where a run lives, how it reports and how often it checkpoints, not what it trains:
+#: left out of its identity (a vLLM server that moved, or another checkpoint cadence, is the same run).
+PLACEMENT_FIELDS = frozenset({"output_dir", "engine_url", "resume", "report_to", "logging_steps", "save_steps",
+                              "save_total_limit", "allow_remote_engine", "dist_timeout_minutes"})
+#: The run folder's record of its identity (written before it trains).
+IDENTITY_RECORD = "reproduce.json"
+#: Largest record of ours read back (``summary.json`` of a long run holds its validation history: some MB at most).
+MAX_RECORD_BYTES = 64 << 20
+
+
+class ReproduceError(Exception):
+    """A run could not be trained or read back; the message says which, why and what was kept."""
+
+    status = EXIT_FAILED
+
+
+class RunFailed(ReproduceError):
+    status = EXIT_FAILED
+
+
+class RunInterrupted(ReproduceError):
+    status = EXIT_INTERRUPTED
+
+
+class RecordRefused(ReproduceError):
+    status = EXIT_REFUSED
+
 
 #: Per env: the env id and the paper-scale fields that its reference config file changes from ``config/base.yaml``.
 ENVS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -84,9 +137,15 @@ SPLITS: dict[str, tuple[str, dict[str, Any]]] = {
 #: ``SOKOBAN_GENERALIZATION_CONFIG``: 128 validation states of each of its four envs.
 SOKOBAN_SPLITS = ("sokoban", "sokoban-large", "sokoban-new-vocab", "frozenlake")
 SPLIT_STATES = {"paper": 128, "cpu": 16}
-#: The Bandit generalisation runs' arm names (train_all.sh lines 53-77): (train low, train high), test split.
-BANDIT_NAMES = {"original": (("Engineer", "Teacher"), "bandit-test"), "reverse": (("Teacher", "Engineer"),
-                                                                                  "bandit-rev-test")}
+#: The Bandit generalisation runs' arm names (train_all.sh lines 53-77): paper label -> ((train low, train high),
+#: test split, train_all.sh line, its experiment name). Table 4's "Bandit" is the intuitive mapping, the ambitious
+#: profession the risky arm (Engineer, then Trader): train_all.sh's ``bandit-generalization-rev`` (line 66); its
+#: "BanditRev" the reversed one (Teacher, then Librarian risky): ``bandit-generalization`` (line 53). ragen_envs'
+#: ``ragen/BanditRev-v0`` (Phoenix and Dragon swapped) is another env, not the paper's BanditRev.
+BANDIT_NAMES = {
+    "bandit": (("Teacher", "Engineer"), "bandit-rev-test", 66, "bandit-generalization-rev"),
+    "bandit-rev": (("Engineer", "Teacher"), "bandit-test", 53, "bandit-generalization"),
+}
 
 
 @dataclass(frozen=True)
@@ -168,9 +227,14 @@ def fig8_runs() -> list[Run]:
 
 def fig9_runs() -> list[Run]:
     runs = []
+    # StarPO-S's source per env: train_all.sh's filter-0.25 PPO line where there is one (Sokoban 18, FrozenLake 20);
+    # no line runs it on Bandit: there it is config/_1_bandit.yaml over config/base.yaml as they stand.
+    starpo_s = {"bandit": "config/_1_bandit.yaml over config/base.yaml as they stand (no train_all.sh line)",
+                "sokoban": "train_all.sh:18 sokoban-ppo-rolloutfilter0.25",
+                "frozenlake": "train_all.sh:20 frozen_lake-ppo with rollout_filter_ratio 0.25"}
     for env, line in (("bandit", 9), ("sokoban", 11), ("frozenlake", 13)):
         runs.append(_run("ppo", env, "ppo", f"train_all.sh:{line} (StarPO w/ PPO)"))
-        runs.append(_run("starpo-s", env, "starpo-s", "config/base.yaml as it stands (train_all.sh:18 with 0.25)"))
+        runs.append(_run("starpo-s", env, "starpo-s", starpo_s[env]))
     return runs
 
 
@@ -202,14 +266,14 @@ def fig10_runs() -> list[Run]:
 
 def table4_runs() -> list[Run]:
     runs = []
-    for variant, line in (("original", 53), ("reverse", 66)):
-        (low, high), split = BANDIT_NAMES[variant]
+    for label, ((low, high), split, line, reference_name) in BANDIT_NAMES.items():
         kwargs = {"low_risk_name": low, "high_risk_name": high}
-        suffix = "" if variant == "original" else "-rev"
-        runs.append(_run(f"generalization{suffix}", "bandit", "starpo-s", f"train_all.sh:{line} "
-                         f"bandit-generalization{suffix}", env_kwargs=kwargs, splits=(split,)))
+        suffix = label.removeprefix("bandit")  # "" (Table 4's Bandit) or "-rev" (its BanditRev)
+        label = {"bandit": "Bandit", "bandit-rev": "BanditRev"}[label]
+        runs.append(_run(f"generalization{suffix}", "bandit", "starpo-s", f"train_all.sh:{line} {reference_name} "
+                         f"(Table 4's {label})", env_kwargs=kwargs, splits=(split,)))
         runs.append(_run(f"generalization{suffix}-nothink", "bandit", "starpo-s-no-think", f"train_all.sh:{line + 6} "
-                         f"bandit-generalization{suffix}-nothink", env_kwargs=kwargs, splits=(split,)))
+                         f"{reference_name}-nothink (Table 4's {label})", env_kwargs=kwargs, splits=(split,)))
     runs.append(_sokoban_gen("generalization", "train_all.sh:96 sokoban-generalization-qwen2.5-0.5b-instruct"))
     runs.append(_run("generalization-nothink", "sokoban", "starpo-s-no-think",
                      "train_all.sh:82 sokoban-generalization-nothink", splits=SOKOBAN_SPLITS))
@@ -282,11 +346,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in (
                "curves only (Sokoban eval success about 0.25-0.3 for Online-1, lower for 5 and 10)", x="updates"),
     Experiment("table4-generalization", "Table 4 (Section 4.4)", "thinking helps Bandit generalise to unseen arm "
                "names; on Sokoban it has mixed or marginal effects", table4_runs,
-               ("preset", "protocol.enable_think", "env_kwargs"), LENGTH_CURVES,
+               ("preset", "protocol.enable_think", "env_kwargs", "val_envs"), LENGTH_CURVES,
                "StarPO-S / no-think %: Bandit 100 / 81.25, BanditRev 67.58 / 56.25, FrozenLake 19.92 / 19.53, "
                "LargeSokoban 2.34 / 2.73, Sokoban 21.48 / 20.73, SokobanNewVocab 18.75 / 26.17"),
     Experiment("fig11-reasoning-length", "Figure 11 (Section 4.4)", "thinking length declines over training (longer "
-               "on BanditRev)", table4_runs, ("preset", "protocol.enable_think", "env_kwargs"), LENGTH_CURVES,
+               "on BanditRev)", table4_runs, ("preset", "protocol.enable_think", "env_kwargs", "val_envs"), LENGTH_CURVES,
                "curves only (Bandit: about 60 -> 20 tokens; Sokoban: about 250 -> 50)"),
     Experiment("grounding", "(not in the paper: Section 4.4 proposes reasoning-aware rewards as future work)",
                "ragen's extension: a reward for claims in <think> that the state supports keeps the thinking "
@@ -345,12 +409,14 @@ def cpu_changes(run: Run) -> dict[str, Any]:
 
 
 def run_config(run: Run, scale: str, runs_dir: Path, *, model: str | None = None, seed: int = 0,
-               engine: str = "hf", engine_url: str = "") -> Any:
+               engine: str = "hf", engine_url: str = "", allow_remote_engine: bool = False) -> Any:
     """The run's validated :class:`~ragen_trainer.config.StarPOConfig` at ``scale``: its preset, the env's paper
-    settings, the scale's, then the run's own changes."""
+    settings, the scale's, then the run's own changes; its ``output_dir`` is ``<runs_dir>/<scale>/<env>/<run>-<id>``,
+    ``<id>`` the short hash of :func:`run_identity`."""
     env_id, env_fields = ENVS[run.env]
     fields: dict[str, Any] = {"env_id": env_id, **env_fields, "seed": seed, "engine": engine, "engine_url": engine_url,
-                              "report_to": ["jsonl"], "output_dir": str(runs_dir / scale / run.key)}  # fmt: skip
+                              "allow_remote_engine": allow_remote_engine, "report_to": ["jsonl"],
+                              "output_dir": str(runs_dir / scale / run.key)}  # fmt: skip
     if scale == "paper":
         fields.update({"model": model or PAPER_MODEL, "save_steps": 10, "save_total_limit": 1})
         changes = dict(run.changes)
@@ -361,65 +427,294 @@ def run_config(run: Run, scale: str, runs_dir: Path, *, model: str | None = None
         changes = {k: v for k, v in run.changes.items() if k not in ("env_groups", "group_size", "total_steps")}
         if "val_every" in changes:  # Online-k validates every 10 updates: every 10/k steps, in CPU steps
             changes["val_every"] = max(1, fields["val_every"] // max(1, fields["env_groups"] // 4))
-    cfg = load_config(run.preset).replace(**{**fields, **changes})
-    return cfg.validate()
+    # Every split validated during training, as the reference's configs do (config/_1_bandit.yaml's BanditTest,
+    # train_all.sh's SOKOBAN_GENERALIZATION_CONFIG); the training env itself is val/success.
+    fields["val_envs"] = [{"env_id": SPLITS[name][0], "name": name, "env_kwargs": SPLITS[name][1]}
+                          for name in run.splits if SPLITS[name] != (env_id, {})]
+    cfg = load_config(run.preset).replace(**{**fields, **changes}).validate()
+    folder = runs_dir / scale / f"{run.key}-{identity_key(run_identity(cfg, scale))}"
+    return cfg.replace(output_dir=str(folder)).validate()
+
+
+def run_identity(cfg: Any, scale: str) -> dict[str, Any]:
+    """What a run is: the scale, every config field but :data:`PLACEMENT_FIELDS`, and at the CPU scale the settings
+    of the warm-up it starts from (:func:`warmup_plan`)."""
+    config = {k: v for k, v in cfg.to_dict().items() if k not in PLACEMENT_FIELDS}
+    return {"scale": scale, "config": config, "warmup": warmup_plan(cfg)[0] if scale == "cpu" else None}
+
+
+def identity_key(identity: dict[str, Any]) -> str:
+    """The short hash of an identity (:func:`run_identity`): the suffix of the run's folder name."""
+    text = json.dumps(identity, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:10]
 
 
 # ------------------------------------------------------------------------------------------------------ training
-def finished(folder: Path) -> bool:
-    """Whether the run in ``folder`` ended by itself (an interrupted run also writes a summary: it is trained again)."""
-    summary = folder / "summary.json"
-    if not summary.is_file():
-        return False
+def note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def read_record(path: Path) -> tuple[Any, str | None]:
+    """``(data, problem)`` of one of the small JSON records a run folder holds: ``(None, None)`` when the file is
+    absent, ``(None, why)`` when it cannot be read or is not JSON, else ``(data, None)`` (any JSON value: the caller
+    checks its shape)."""
+    if not path.exists() and not path.is_symlink():
+        return None, None
     try:
-        return not json.loads(summary.read_text()).get("interrupted", False)
-    except (OSError, ValueError):
-        return False
+        return json.loads(read_text_bounded(path, MAX_RECORD_BYTES, path.name)), None
+    except BoundedReadError as exc:
+        return None, f"{path} is damaged ({exc})"
+    except OSError as exc:
+        return None, f"{path} cannot be read ({exc.strerror or exc})"
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        return None, f"{path} is damaged (not JSON: {exc})"
+
+
+def read_summary(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """``(summary, problem)`` of the run in ``folder``: ``(None, None)`` when it has no ``summary.json``."""
+    data, problem = read_record(folder / "summary.json")
+    if problem or data is None:
+        return None, problem
+    if not isinstance(data, dict):
+        return None, f"{folder / 'summary.json'} is damaged (a JSON {type(data).__name__}, not the trainer's summary)"
+    return data, None
+
+
+def finished(folder: Path) -> bool:
+    """Whether the run in ``folder`` ended by itself (an interrupted run also writes a summary: it is trained again;
+    a damaged summary counts as not finished)."""
+    summary, _ = read_summary(folder)
+    return summary is not None and not summary.get("interrupted", False) and not summary.get("save_error")
+
+
+def run_status(run: Run, cfg: Any) -> tuple[bool, list[str]]:
+    """``(finished, notes)`` of the run in ``cfg.output_dir``: whether it is read back, and what was found and what
+    is done about it. A finished run's ``metrics.jsonl`` is checked here (:func:`read_run_metrics`), so a damaged
+    one raises :class:`RecordRefused` before anything trains or is written."""
+    folder = Path(cfg.output_dir)
+    summary, problem = read_summary(folder)
+    if problem:
+        return False, [(f"{problem}: the run cannot be read back as finished; it trains again from its newest "
+                        "checkpoint (from step 0 if it has none), and its final/ is replaced when it finishes")]
+    if summary is None:
+        return False, []
+    steps = summary.get("steps")
+    if summary.get("interrupted"):
+        return False, [f"the run in {folder} was interrupted at step {steps}: it resumes from its newest checkpoint"]
+    if summary.get("save_error"):
+        return False, [(f"the run in {folder} stopped on a failed save ({summary['save_error']}): it resumes from "
+                        "its newest checkpoint")]
+    if not isinstance(steps, int) or steps < cfg.total_steps:
+        return False, [f"the run in {folder} stopped at step {steps} of {cfg.total_steps}: it continues"]
+    if run.splits and not (folder / "final").is_dir():
+        return False, [(f"{folder / 'final'} is missing: the run trains again (from its newest checkpoint) so that "
+                        "its splits can be evaluated on its final model")]
+    read_run_metrics(folder, cfg)
+    return True, []
+
+
+def read_run_metrics(folder: Path, cfg: Any) -> list[dict[str, Any]]:
+    """The metric rows of the finished run in ``folder``, one per logged step in order. :class:`RecordRefused`
+    naming ``metrics.jsonl`` when it is missing, unreadable, empty or lacks any of the run's logged steps: its
+    curves cannot be drawn, and the experiment's JSON and PNG must not be replaced by empty or partial ones."""
+    path = folder / "metrics.jsonl"
+    keep = (f"the experiment's JSON and PNG are left as they are. Restore the file, or move {folder} away to train "
+            "the run again")
+    if not path.is_file():
+        raise RecordRefused(f"{path} is missing, but the run's summary says it finished: its curves cannot be drawn; "
+                            f"{keep}")
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError as exc:
+        raise RecordRefused(f"{path} cannot be read ({exc.strerror or exc}); {keep}") from None
+    by_step: dict[int, dict[str, Any]] = {}
+    for row in read_metrics(path):
+        step = row.get("step")  # an int, or a float when the step's metrics carry it too
+        if isinstance(step, (int, float)) and not isinstance(step, bool) and math.isfinite(step) and step == int(step):
+            by_step[int(step)] = row  # a step logged twice (a resume): the later record
+    unreadable = len(lines) - len(read_metrics(path, notes=True))
+    expected = {s for s in range(1, cfg.total_steps + 1) if s % cfg.logging_steps == 0 or s == cfg.total_steps}
+    missing = sorted(expected - set(by_step))
+    if not lines:
+        raise RecordRefused(f"{path} is empty, but the run's summary says it finished: its curves cannot be drawn; "
+                            f"{keep}")
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (", ..." if len(missing) > 8 else "")
+        why = f"{unreadable} of its {len(lines)} line(s) are not JSON records; " if unreadable else ""
+        raise RecordRefused(f"{path} is damaged: {why}it lacks {len(missing)} of the run's {len(expected)} logged "
+                            f"steps ({shown}); {keep}")
+    if unreadable:
+        note(f"{path}: {unreadable} line(s) are not JSON records and are skipped (every step is there)")
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def claim_folder(folder: Path, run: Run, cfg: Any, scale: str) -> None:
+    """Write (or check) the folder's identity record: :class:`RecordRefused` naming both identities when the folder
+    holds another run (a folder copied or renamed by hand); a damaged record is rewritten, saying so."""
+    identity = run_identity(cfg, scale)
+    key = identity_key(identity)
+    record = {"id": key, "run": run.key, "identity": identity}
+    path = folder / IDENTITY_RECORD
+    data, problem = read_record(path)
+    if data is not None and not (isinstance(data, dict) and isinstance(data.get("id"), str)):
+        problem = f"{path} is damaged (not an identity record)"
+    if problem:
+        note(f"{problem}: rewritten with this command's run {key} (the trainer still checks the folder's config.yaml "
+             "against it)")
+    elif data is not None:
+        if data["id"] != key:
+            changes = _differences(data.get("identity"), identity)
+            raise RecordRefused(f"{folder} holds run {data['id']} ({data.get('run')}), not this command's run {key} "
+                                f"({run.key}); they differ in {changes or 'fields this version cannot compare'}. "
+                                "Nothing was trained or written; move that folder away")
+        return
+    else:
+        _note_other_configurations(folder, run, identity)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, record, default=str)
+
+
+def _differences(old: Any, new: dict[str, Any]) -> str:
+    """``field: old -> new`` of two identities, at most six."""
+    if not isinstance(old, dict):
+        return ""
+    flat_old = {**{f"warmup.{k}": v for k, v in (old.get("warmup") or {}).items()}, **(old.get("config") or {}),
+                "scale": old.get("scale")}  # fmt: skip
+    flat_new = {**{f"warmup.{k}": v for k, v in (new.get("warmup") or {}).items()}, **new["config"],
+                "scale": new["scale"]}  # fmt: skip
+    diffs = [f"{k}: {flat_old.get(k, '(unset)')!r} -> {flat_new.get(k, '(unset)')!r}"
+             for k in sorted(set(flat_old) | set(flat_new)) if flat_old.get(k, "(unset)") != flat_new.get(k, "(unset)")]
+    return "; ".join(diffs[:6]) + ("; ..." if len(diffs) > 6 else "")
+
+
+def _note_other_configurations(folder: Path, run: Run, identity: dict[str, Any]) -> None:
+    """Before a new folder trains: name the other configurations of the same run beside it, and a folder of the
+    layout before runs were keyed (never read back: its model and seed were not recorded)."""
+    for other in sorted(folder.parent.glob(f"{run.name}-*")):
+        data, _ = read_record(other / IDENTITY_RECORD)
+        if other != folder and isinstance(data, dict) and data.get("run") == run.key:
+            note(f"{other} is another configuration of {run.key} ({_differences(data.get('identity'), identity)}): "
+                 f"this one trains in {folder}")
+    legacy = folder.parent / run.name
+    if legacy.is_dir() and ((legacy / "summary.json").exists() or (legacy / "metrics.jsonl").exists()):
+        note(f"{legacy} holds a run from before runs were keyed by their configuration (its model and seed were not "
+             f"recorded): it is not read back; this run trains in {folder}")
+
+
+def warmup_plan(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The CPU scale's warm-up of ``cfg``: ``(settings, env kwargs)`` (:func:`ragen_trainer.warmup.warmup_settings`:
+    the model, seed, env, protocol and :data:`CPU_WARMUP`)."""
+    kwargs = {k: v for k, v in cfg.env_make_kwargs().items() if k != "reward_wrappers"}
+    return warmup_settings(cfg.model, cfg.env_id, kwargs, seed=cfg.seed, **CPU_WARMUP), kwargs
 
 
 def warm_model(cfg: Any, runs_dir: Path) -> str:
-    """The CPU scale's warm-up of ``cfg.model`` on ``cfg``'s env and protocol (cached per env and protocol)."""
-    protocol = cfg.protocol_settings()
-    tag = (f"{cfg.env_id.removeprefix('ragen/').removesuffix('-v0').lower()}-think{int(protocol.enable_think)}-"
-           f"apt{protocol.actions_per_turn}-{zlib.crc32(json.dumps(cfg.env_kwargs, sort_keys=True).encode()):08x}")
-    kwargs = {k: v for k, v in cfg.env_make_kwargs().items() if k != "reward_wrappers"}
+    """The CPU scale's warm-up of ``cfg.model`` on ``cfg``'s env and protocol, cached in ``<runs>/warmup/`` under
+    the hash of its settings (model and seed included)."""
+    settings, kwargs = warmup_plan(cfg)
+    tag = f"{cfg.env_id.removeprefix('ragen/').removesuffix('-v0').lower()}-{settings_key(settings)}"
     return str(warmup_model(cfg.model, cfg.env_id, kwargs, runs_dir / "warmup" / tag, seed=cfg.seed, **CPU_WARMUP))
 
 
+def run_trainer(command: list[str]) -> int:
+    """Run the trainer's command in a process group of its own and return its exit status. Ctrl-C (SIGINT) and
+    SIGTERM that reach this process are passed to that group once each, and this process goes on waiting: the
+    trainer saves a checkpoint and exits 130 (``subprocess.call`` would kill it in the middle of that save)."""
+    child = subprocess.Popen(command, process_group=0)
+
+    def forward(signum: int, _frame: Any) -> None:
+        try:
+            os.killpg(child.pid, signum)
+        except ProcessLookupError:  # it has exited already
+            pass
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def train(run: Run, cfg: Any, *, scale: str, gpus: int, runs_dir: Path) -> list[dict[str, Any]]:
-    """Train ``run`` (or read it back if it finished); its metric rows."""
+    """Train ``run`` (or read it back if it finished); its metric rows, one per step. An unfinished run resumes from
+    its checkpoint. :class:`RunInterrupted` after Ctrl-C, :class:`RunFailed` when the trainer failed."""
     folder = Path(cfg.output_dir)
-    if not finished(folder):
-        if scale == "cpu":
-            cfg = cfg.replace(model=warm_model(cfg, runs_dir), resume=False).validate()
-            status = train_from_config(cfg, overwrite=True)
-        else:
-            folder.mkdir(parents=True, exist_ok=True)
-            config_path = folder.parent / f"{folder.name}.config.yaml"
-            cfg.save(config_path)
-            launch = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus)]
-                      if gpus > 1 else [sys.executable])  # fmt: skip
-            status = subprocess.call([*launch, "-m", "ragen_trainer.cli", "train", "--config", str(config_path)])
-        if status != 0:
-            raise SystemExit(f"run {run.key} failed with status {status}")
-    return read_metrics(folder / "metrics.jsonl")
+    done, notes = run_status(run, cfg)
+    for text in notes:
+        note(text)
+    claim_folder(folder, run, cfg, scale)
+    if done:
+        return read_run_metrics(folder, cfg)
+    _, damaged = read_summary(folder)
+    if damaged:  # kept for whoever wants to look; the trainer writes a new one when the run ends
+        aside = folder / "summary.json.damaged"
+        os.replace(folder / "summary.json", aside)
+        note(f"moved the damaged summary to {aside}")
+    splits = folder / "splits.json"
+    if splits.exists():  # it scored the final model this training replaces
+        note(f"dropping {splits}: it scored the model this run's training replaces")
+        splits.unlink()
+    if scale == "cpu":
+        status = train_from_config(cfg.replace(model=warm_model(cfg, runs_dir)).validate())
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        config_path = folder.parent / f"{folder.name}.config.yaml"
+        cfg.save(config_path)
+        launch = ([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus)]
+                  if gpus > 1 else [sys.executable])  # fmt: skip
+        status = run_trainer([*launch, "-m", "ragen_trainer.cli", "train", "--config", str(config_path)])
+    if status == EXIT_INTERRUPTED:
+        raise RunInterrupted(f"run {run.key} was interrupted (its checkpoint is in {folder})")
+    if status != 0:
+        raise RunFailed(f"run {run.key} failed with status {status}: the trainer's message above says why (its "
+                        f"folder: {folder})")
+    done, notes = run_status(run, cfg)
+    if not done:
+        raise RunFailed(f"run {run.key} ended without finishing its {cfg.total_steps} steps ({'; '.join(notes)})")
+    return read_run_metrics(folder, cfg)
 
 
 def final_validation(folder: Path) -> dict[str, float]:
     """The validation after the last step (``summary.json``'s ``final_validation``), ``{}`` when there is none."""
-    try:
-        return dict(json.loads((folder / "summary.json").read_text()).get("final_validation") or {})
-    except (OSError, ValueError):
-        return {}
+    summary, _ = read_summary(folder)
+    value = (summary or {}).get("final_validation")
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def model_fingerprint(folder: Path) -> str:
+    """A short hash of a model folder's files (names, sizes, modification times): another training writes others."""
+    digest = hashlib.sha256()
+    if folder.is_dir():
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            info = path.stat()
+            digest.update(f"{path.relative_to(folder)}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:16]
 
 
 def evaluate_splits(run: Run, cfg: Any, states: int) -> dict[str, float]:
     """Success of the run's final model on each of its splits: ``states`` initial states (the validation seeds), one
-    rollout each at the validation temperature, the run's protocol (thinking, actions) on the split's env."""
+    rollout each at the validation temperature, the run's protocol (thinking, actions) on the split's env.
+
+    Cached in the run's ``splits.json``, keyed by the run's identity, its final model's files, the states and the
+    splits: a cache of another model (the run trained again, by reproduce.py or by hand) or a damaged one is
+    evaluated again, saying why."""
     folder = Path(cfg.output_dir)
     cache = folder / "splits.json"
-    if cache.is_file():
-        return json.loads(cache.read_text())
+    # the folder's name is the run and its identity's hash (run_config)
+    key = {"run": folder.name, "model": model_fingerprint(folder / "final"), "states": states,
+           "splits": list(run.splits)}
+    data, problem = read_record(cache)
+    if problem:
+        note(f"{problem}: the splits are evaluated again")
+    elif data is not None:
+        if not isinstance(data, dict) or not isinstance(data.get("success"), dict):
+            note(f"{cache} was written before split results were keyed by their run and model: evaluated again")
+        elif {k: data.get(k) for k in key} != key:
+            note(f"{cache} scored another model or setting ({', '.join(k for k in key if data.get(k) != key[k])} "
+                 "differ): evaluated again")
+        else:
+            return {str(k): float(v) for k, v in data["success"].items()}
     model, tokenizer = load_model_and_tokenizer(str(folder / "final"))
     engine = HFEngine(model, tokenizer, batch_size=cfg.generation_batch_size)
     protocol = {k: v for k, v in cfg.protocol.items() if k in ("enable_think", "actions_per_turn",
@@ -434,7 +729,7 @@ def evaluate_splits(run: Run, cfg: Any, states: int) -> dict[str, float]:
                                                          max_new_tokens=cfg.max_new_tokens, seed=cfg.seed),
                                  max_context_tokens=cfg.max_context_tokens)  # fmt: skip
         out[split] = sum(t.success for t in batch.trajectories) / max(len(batch.trajectories), 1)
-    cache.write_text(json.dumps(out, indent=1))
+    atomic_write_json(cache, {**key, "success": out})
     return out
 
 
@@ -507,12 +802,23 @@ def plot(experiment: Experiment, results: dict[str, Any], path: Path, title: str
                         color=line.get_color())  # fmt: skip
             ax.set_title(label, fontsize=10)
             ax.set_xlabel("update (optimizer step)" if experiment.x == "updates" else "step")
-    axes[0][0].legend(fontsize=6)
+    if axes[0][0].get_legend_handles_labels()[0]:  # a panel no run logged (no validation) has nothing to name
+        axes[0][0].legend(fontsize=6)
     fig.suptitle(f"{title}  (lines: EMA {EMA}; dots: raw; ^ = Echo Trap monitor warning)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    # through a temporary file renamed over the old figure: an interrupted save leaves the old one whole
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=110)
+        os.chmod(tmp, file_mode(path))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
 
 
 def _mean(values: list[Any], part: slice) -> str:
@@ -613,10 +919,11 @@ def print_plan(items: list[tuple[Experiment, Run]], args: argparse.Namespace) ->
     total = 0.0
     for experiment, run in items:
         cfg = run_config(run, "paper", Path(args.runs), model=args.model, seed=args.seed, engine=args.engine,
-                         engine_url=args.engine_url)  # fmt: skip
+                         engine_url=args.engine_url,
+                         allow_remote_engine=args.allow_remote_engine)  # fmt: skip
         hours, source = estimate_hours(cfg, run.env, costs)
         total += hours
-        state = "done" if finished(Path(cfg.output_dir)) else "to run"
+        state = f"done ({cfg.output_dir})" if finished(Path(cfg.output_dir)) else f"to run in {cfg.output_dir}"
         changed = {k: v for k, v in run.changes.items()}
         print(f"- {run.key} [{experiment.name}; {run.source}] preset {run.preset} (reference {cfg.reference}) "
               f"{changed or ''}: {cfg.env_groups}x{cfg.group_size}, {cfg.total_steps} steps, val {cfg.val_groups} "
@@ -639,18 +946,27 @@ def experiment_runs(experiment: Experiment, env: str | None = None) -> list[Run]
 
 
 def run_experiment(experiment: Experiment, args: argparse.Namespace, only: tuple[str, ...] | None = None) -> dict:
-    """Train (or read back) the experiment's runs at ``args.scale``, evaluate their splits, write JSON and PNG."""
+    """Train (or read back) the experiment's runs at ``args.scale``, evaluate their splits, write JSON and PNG.
+
+    The finished runs' records are checked first: a damaged one stops the experiment (:class:`RecordRefused`) before
+    anything trains or is written."""
     runs = [r for r in experiment_runs(experiment, getattr(args, "env", None)) if only is None or r.key in only
             or r.name in only]  # fmt: skip
+    configs = {run.key: run_config(run, args.scale, Path(args.runs), model=args.model, seed=args.seed,
+                                   engine=args.engine, engine_url=args.engine_url,
+                                   allow_remote_engine=args.allow_remote_engine) for run in runs}  # fmt: skip
+    for run in runs:
+        run_status(run, configs[run.key])
     results: dict[str, Any] = {"experiment": experiment.name, "paper": experiment.paper, "claim": experiment.claim,
                                "credit": experiment.credit, "paper_numbers": experiment.paper_numbers,
-                               "scale": args.scale, "curves": experiment.curves, "ema": EMA, "runs": {},
-                               "sources": {}, "seconds": {}}  # fmt: skip
+                               "scale": args.scale, "options": {"model": args.model, "seed": args.seed,
+                                                                "engine": args.engine},
+                               "curves": experiment.curves, "ema": EMA, "runs": {}, "sources": {}, "seconds": {},
+                               "identity": {}}  # fmt: skip
     for i, run in enumerate(runs, 1):
-        cfg = run_config(run, args.scale, Path(args.runs), model=args.model, seed=args.seed, engine=args.engine,
-                         engine_url=args.engine_url)  # fmt: skip
-        print(f"== [{i}/{len(runs)}] {experiment.name}: {run.key} ({run.preset} {run.changes or ''}; {run.source})",
-              flush=True)  # fmt: skip
+        cfg = configs[run.key]
+        print(f"== [{i}/{len(runs)}] {experiment.name}: {run.key} ({run.preset} {run.changes or ''}; {run.source}) "
+              f"in {cfg.output_dir}", flush=True)  # fmt: skip
         started = time.perf_counter()
         rows = train(run, cfg, scale=args.scale, gpus=args.gpus, runs_dir=Path(args.runs))
         data = curves(rows, experiment.curves, final_validation(Path(cfg.output_dir)))
@@ -659,15 +975,45 @@ def run_experiment(experiment: Experiment, args: argparse.Namespace, only: tuple
         results["runs"][run.key] = data
         results["sources"][run.key] = run.source
         results["seconds"][run.key] = round(time.perf_counter() - started, 1)
+        identity = run_identity(cfg, args.scale)
+        results["identity"][run.key] = {"id": identity_key(identity), "folder": cfg.output_dir, **identity}
     out = Path(args.out)
-    tag = f"{experiment.name}-{args.scale}" + (f"-{args.env}" if getattr(args, "env", None) else "")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{tag}.json").write_text(json.dumps(results, indent=1))
-    plot(experiment, results, out / f"{tag}.png", f"{experiment.paper}, {args.scale} scale")
+    tag = results_tag(experiment, args)
+    write_results(experiment, results, out / f"{tag}.json", out / f"{tag}.png",
+                  f"{experiment.paper}, {args.scale} scale")  # fmt: skip
     print()
     print(summary_table(results))
     print(f"\nwrote {out / (tag + '.json')} and {out / (tag + '.png')}", flush=True)
     return results
+
+
+def results_tag(experiment: Experiment, args: argparse.Namespace) -> str:
+    """The results' file name (no suffix): the experiment and scale, then ``--env``, and ``--seed``, ``--model`` and
+    ``--engine`` where they are not the defaults, so that another setting never writes over the default's files."""
+    tag = f"{experiment.name}-{args.scale}" + (f"-{args.env}" if getattr(args, "env", None) else "")
+    if args.seed != 0:
+        tag += f"-seed{args.seed}"
+    default_model = PAPER_MODEL if args.scale == "paper" else CPU_SCALE["common"]["model"]
+    if args.model and args.model != default_model:
+        slug = re.sub(r"[^A-Za-z0-9.]+", "_", args.model).strip("_.")[:48] or "model"
+        tag += f"-model-{slug}-{hashlib.sha256(args.model.encode()).hexdigest()[:6]}"
+    if args.engine != "hf":
+        tag += f"-{args.engine}"
+    return tag
+
+
+def write_results(experiment: Experiment, results: dict[str, Any], json_path: Path, png_path: Path,
+                  title: str) -> None:
+    """The figure, then the JSON, each written whole (a temporary file renamed into place); refused
+    (:class:`RecordRefused`, nothing written) when a run has no steps, so good curves are never replaced by empty
+    ones."""
+    empty = [key for key, data in results["runs"].items() if not data.get("step")]
+    if empty:
+        raise RecordRefused(f"run(s) {', '.join(empty)} have no training steps to draw: {json_path} and {png_path} "
+                            "are left as they are")
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    plot(experiment, results, png_path, title)
+    atomic_write_text(json_path, json.dumps(results, indent=1, default=str))
 
 
 def list_experiments() -> None:
@@ -690,6 +1036,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="model (default: the scale's: Qwen2.5-0.5B-Instruct / smollm2)")
     parser.add_argument("--engine", default="hf", choices=["hf", "hf-generate", "vllm"])
     parser.add_argument("--engine-url", default="", help="vLLM server URL for --engine vllm")
+    parser.add_argument("--allow-remote-engine", action="store_true",
+                        help="accept an --engine-url on another machine (its development endpoints have no "
+                             "authentication: keep it on a private network; docs/training.md, Security)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="runs/reproduce", help="folder of the training runs (default %(default)s)")
     parser.add_argument("--out", default="docs/reproduction", help="folder for the JSON and PNG (default %(default)s)")
@@ -700,15 +1049,50 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """The command; exit 0, 1 (a run failed), 2 (bad arguments), 3 (a damaged record or a folder of another run:
+    nothing written), 130 (interrupted: the same command resumes)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.gpus < 1:
-        build_parser().error(f"invalid --gpus {args.gpus}: expected an int >= 1")
+        parser.error(f"invalid --gpus {args.gpus}: expected an int >= 1")
+    try:
+        return _main(args, parser)
+    except ReproduceError as exc:
+        if isinstance(exc, RunInterrupted):
+            print(f"reproduce.py: interrupted; run the same command again to resume ({exc}; finished runs are read "
+                  "back, the others resume from their checkpoint)", file=sys.stderr)
+        else:
+            print(f"reproduce.py: {'failed' if exc.status == EXIT_FAILED else 'stopped'}: {exc}", file=sys.stderr)
+        return exc.status
+    except KeyboardInterrupt:
+        print("reproduce.py: interrupted; run the same command again to resume (finished runs are read back, the "
+              "others resume from their checkpoint)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def check_settings(items: list[tuple[Experiment, Run]], args: argparse.Namespace, parser: argparse.ArgumentParser,
+                   scale: str) -> None:
+    """Every run's config with this command's ``--model``, ``--seed`` and ``--engine``, before anything trains: a bad
+    value is a usage error (exit 2) naming it, not a traceback after hours of other runs."""
+    try:
+        for _, run in items:
+            run_config(run, scale, Path(args.runs), model=args.model, seed=args.seed, engine=args.engine,
+                       engine_url=args.engine_url,
+                         allow_remote_engine=args.allow_remote_engine)  # fmt: skip
+        if args.model and not args.dry_run:
+            check_model_source(args.model)
+    except ValueError as exc:
+        parser.error(str(exc).replace("invalid config field model=", "invalid --model ", 1))
+
+
+def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.target == "list":
         list_experiments()
         return 0
     if args.target == "paper":
         args.scale = "paper"
         items = paper_runs()
+        check_settings(items, args, parser, "paper")
         print(f"the paper's experiments at its scale: {len(items)} runs, {len(EXPERIMENTS)} experiments; runs in "
               f"{args.runs}/paper (resumable: finished runs are read back, others resume from their checkpoint)")
         print_plan(items, args)
@@ -719,6 +1103,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.target == "cpu":
         args.scale = "cpu"
+        check_settings([(EXPERIMENTS[name], run) for name, keys in CPU_SET.items()
+                        for run in EXPERIMENTS[name].runs() if run.key in keys], args, parser, "cpu")  # fmt: skip
         for name, keys in CPU_SET.items():
             run_experiment(EXPERIMENTS[name], args, keys)
         return 0
@@ -727,17 +1113,22 @@ def main(argv: list[str] | None = None) -> int:
         known = {r.key for r in experiment_runs(experiment, args.env)} | {r.name for r in experiment.runs()}
         unknown = sorted(set(args.only) - known)
         if unknown:
-            build_parser().error(f"unknown run(s) {unknown}; this experiment has {sorted(known)}")
+            parser.error(f"unknown run(s) {unknown}; this experiment has {sorted(known)}")
+    chosen = [r for r in experiment_runs(experiment, args.env) if not args.only or r.key in args.only
+              or r.name in args.only]  # fmt: skip
+    check_settings([(experiment, r) for r in chosen], args, parser, args.scale)
     if args.dry_run:
         if args.scale == "paper":
-            print_plan([(experiment, r) for r in experiment_runs(experiment, args.env) if not args.only
-                        or r.key in args.only or r.name in args.only], args)  # fmt: skip
+            print_plan([(experiment, r) for r in chosen], args)
         else:
-            for run in experiment_runs(experiment, args.env):
-                cfg = run_config(run, "cpu", Path(args.runs), model=args.model, seed=args.seed)
+            for run in chosen:
+                cfg = run_config(run, "cpu", Path(args.runs), model=args.model, seed=args.seed, engine=args.engine,
+                                 engine_url=args.engine_url,
+                         allow_remote_engine=args.allow_remote_engine)  # fmt: skip
                 print(f"- {run.key}: {cfg.env_groups}x{cfg.group_size}, {cfg.total_steps} steps, {cfg.max_new_tokens} "
                       f"tokens, {cfg.kept_groups * cfg.group_size // cfg.ppo_mini_batch_size} update(s) a step, "
-                      f"validation every {cfg.val_every}")  # fmt: skip
+                      f"validation every {cfg.val_every}; {'done' if finished(Path(cfg.output_dir)) else 'to run'} "
+                      f"in {cfg.output_dir}")  # fmt: skip
         return 0
     run_experiment(experiment, args, tuple(args.only) if args.only else None)
     return 0

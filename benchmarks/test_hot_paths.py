@@ -2,15 +2,31 @@
 work in the same run, so that their *ratio* -- not a wall-clock time, which depends on the machine and its load --
 can be held against a baseline saved in the repository (``benchmarks/baselines/hot_paths.json``).
 
-The two paths take turns: every round runs the reference once (in the round's ``setup``, timed here and kept in the
-benchmark's ``extra_info["reference_s"]``) and then ragen's path (timed by pytest-benchmark), so both see the same
-load from other jobs; each path's fastest round counts. Timed one path after the other, as separate benchmarks, the
-ratios moved by 50 % from run to run on a shared 2-core machine.
+How a ratio is measured so that another job on the machine cannot move it by 20 % (:func:`run_paired`):
+
+* **long timed units** -- each path's call is repeated until one timed unit lasts about :data:`UNIT_S` (the counts
+  are set once, after a warm-up call), so a time slice lost to another process is a small part of a unit; the env
+  path, for one, times thousands of turns a unit, not the 200 (about 6 ms) it once did;
+* **paired rounds** -- every round times both paths back to back, the reference first and then ragen's path, and the
+  round's ratio is ragen's time per call over the reference's. Always in that order: alternating it made the ratios
+  of ``update`` bimodal (the padded reference runs 7 % slower right after ragen's path than after itself, as each
+  leaves the allocator and the caches to the other), and a median of two modes jumps between them;
+* **the median** of many rounds' ratios is the group's ratio: a few rounds hit by a burst of load move a median
+  not at all, where they moved a fastest-round ratio (fastest ragen round over fastest reference round, the old
+  statistic) by up to 50 %;
+* **CPU time** (``time.process_time``; ``scripts/check_hot_paths.sh`` runs torch on one thread, as the baselines
+  were measured) is what is timed, not the wall clock: the time this process spends waiting for a core while
+  another job holds it is not work of either path, and on a 2-core machine shared with two training processes it was
+  most of the noise. The wall times are kept in the report too.
 
     python -m pytest benchmarks/test_hot_paths.py --benchmark-only --benchmark-json=hot.json   # all of them
     python -m pytest benchmarks/test_hot_paths.py --benchmark-only -m quick --benchmark-json=hot.json  # CI's
     python benchmarks/compare_hot_paths.py hot.json          # fails on a ratio > 1.2 x its baseline
     python benchmarks/compare_hot_paths.py hot.json --update # writes the baselines (after a deliberate change)
+
+``RAGEN_HOT_PATH_SLOWDOWN=0.3`` makes every ragen path do 30 % more work (a busy loop after each call, as long as
+that call's own CPU time times 0.3): how ``tests/benchmarks/test_hot_path_check.py`` shows that the check catches a
+real slowdown.
 
 Each benchmark (its group) times a ``ragen`` path against a ``reference`` path on the same inputs:
 
@@ -21,12 +37,17 @@ Each benchmark (its group) times a ``ragen`` path against a ``reference`` path o
 * ``decode`` -- a batch of replies through ragen's ``HFEngine`` (KV cache, continuous batching) vs ``model.generate``;
 * ``env`` -- protocol turns (a model reply parsed, acted, the next prompt written) vs the raw env's steps.
 
-All four are ``quick`` (a small random Llama, seconds a round; about a minute in all), the ones CI runs. One on the
-bundled SmolLM2 would be marked ``slow`` and run by the first command only.
+All four are ``quick`` (a small random Llama; about 1.5 minutes in all on a 2-core machine), the ones CI runs. One on
+the bundled SmolLM2 would be marked ``slow`` and run by the first command only. pytest-benchmark's own table shows
+the time of a whole round (both paths); the ratios are in each benchmark's ``extra_info`` and printed by
+``compare_hot_paths.py``.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import statistics
 import time
 from collections.abc import Callable
 
@@ -46,9 +67,18 @@ from ragen_trainer.rollout import collect_rollouts
 from ragen_trainer.update import action_mask, token_logprobs
 from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer, padded_batch
 
-#: Timed rounds per path; each path's fastest counts. On a machine shared with other jobs a round can run 1.5-2x
-#: slower than the quietest one, so enough rounds for one of them to be quiet (5 were not: ratios moved 50 % run to run).
-ROUNDS = 15
+#: Rounds per group (each times both paths once); the group's ratio is the median of the rounds' ratios.
+ROUNDS = 21
+#: About how long one timed unit of a path lasts (seconds of CPU time): its call repeated that long. A unit of ~6 ms
+#: (the env path's 200 turns) could lose half of itself to one time slice of another job; a quarter second loses a
+#: few per cent at most.
+UNIT_S = 0.25
+#: The decode group's rounds: each of its calls already lasts about a second (both paths generate 16 replies).
+DECODE_ROUNDS = 11
+#: The environment variable that adds work to every ragen path (a fraction of its own time; see the module docstring).
+SLOWDOWN_ENV = "RAGEN_HOT_PATH_SLOWDOWN"
+#: The clock of the timed units: this process's CPU time (see the module docstring). ``perf_counter`` is kept as well.
+clock = time.process_time
 
 
 @pytest.fixture(scope="module")
@@ -83,18 +113,77 @@ def _padded_logprobs(model, ids, attn, mask):
     return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) * mask
 
 
+def slowdown_fraction() -> float:
+    """The extra work asked of every ragen path by ``RAGEN_HOT_PATH_SLOWDOWN`` (0: none)."""
+    text = os.environ.get(SLOWDOWN_ENV, "").strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        pytest.fail(f"{SLOWDOWN_ENV}={text!r}: expected a number >= 0 (0.3 gives every ragen path 30 % more work)",
+                    pytrace=False)
+    return value
+
+
+def with_slowdown(path: Callable[[], object], fraction: float) -> Callable[[], object]:
+    """``path`` followed, on every call, by a busy loop of ``fraction`` times that call's CPU time: ``fraction`` more
+    work, which a machine's load slows as it slows the path itself (``path`` unchanged when ``fraction`` is 0)."""
+    if not fraction:
+        return path
+
+    def slowed() -> None:
+        t0 = clock()
+        path()
+        end = clock() + fraction * (clock() - t0)
+        while clock() < end:
+            pass
+
+    return slowed
+
+
+def calls_per_unit(path: Callable[[], object]) -> int:
+    """How many calls of ``path`` make a timed unit of about :data:`UNIT_S` (after one warm-up call: the first call's
+    allocations and caches stay out of every unit)."""
+    path()
+    t0 = clock()
+    path()
+    return max(1, round(UNIT_S / max(clock() - t0, 1e-6)))
+
+
 def run_paired(benchmark, ragen: Callable[[], object], reference: Callable[[], object], rounds: int = ROUNDS) -> None:
-    """Time ``ragen`` with ``benchmark`` and ``reference`` just before it in every round (see the module docstring);
-    the reference's times (its warm-up round left out) go to ``benchmark.extra_info["reference_s"]``."""
-    times: list[float] = []
+    """Time ``ragen`` and ``reference`` in ``rounds`` paired rounds (see the module docstring) through ``benchmark``
+    (which times each whole round). ``benchmark.extra_info`` gets per round each path's CPU time per call
+    (``ragen_s``, ``reference_s``) and their ratio (``ratios``), the group's ``ratio`` (their median), the calls per
+    unit (``calls``), the wall-clock times per call (``ragen_wall_s``, ``reference_wall_s``) and the ``slowdown``."""
+    fraction = slowdown_fraction()
+    paths = {"ragen": with_slowdown(ragen, fraction), "reference": reference}
+    calls = {name: calls_per_unit(path) for name, path in paths.items()}
+    cpu: dict[str, list[float]] = {name: [] for name in paths}
+    wall: dict[str, list[float]] = {name: [] for name in paths}
 
-    def run_reference() -> None:
-        t0 = time.perf_counter()
-        reference()
-        times.append(time.perf_counter() - t0)
+    def unit(name: str) -> None:
+        path, n = paths[name], calls[name]
+        w0, c0 = time.perf_counter(), clock()
+        for _ in range(n):
+            path()
+        cpu[name].append((clock() - c0) / n)
+        wall[name].append((time.perf_counter() - w0) / n)
 
-    benchmark.pedantic(ragen, setup=run_reference, rounds=rounds, iterations=1, warmup_rounds=1)
-    benchmark.extra_info["reference_s"] = times[1:]
+    def paired_round() -> None:
+        unit("reference")
+        unit("ragen")
+
+    benchmark.pedantic(paired_round, rounds=rounds, iterations=1, warmup_rounds=0)
+    ratios = [r / f for r, f in zip(cpu["ragen"], cpu["reference"])]
+    benchmark.extra_info.update({
+        "clock": "process_time", "calls": calls, "slowdown": fraction,
+        "ragen_s": cpu["ragen"], "reference_s": cpu["reference"], "ratios": ratios,
+        "ratio": statistics.median(ratios),
+        "ragen_wall_s": wall["ragen"], "reference_wall_s": wall["reference"],
+    })
 
 
 @pytest.mark.quick
@@ -168,13 +257,14 @@ def test_decode_replies(benchmark, tokenizer):
         model.generate(input_ids=ids, attention_mask=attn, do_sample=True, max_new_tokens=32,
                        pad_token_id=tokenizer.pad_token_id)
 
-    run_paired(benchmark, ragen, reference, rounds=ROUNDS // 3)
+    run_paired(benchmark, ragen, reference, rounds=DECODE_ROUNDS)
 
 
 @pytest.mark.quick
 @pytest.mark.benchmark(group="env")
 def test_env_turns(benchmark):
-    """200 FrozenLake turns: through the turn protocol (a reply parsed, the next prompt written) vs raw steps."""
+    """FrozenLake turns, 200 a call (a unit repeats the call ~40 times): through the turn protocol (a reply parsed,
+    the next prompt written) vs raw steps."""
     env = gym.make("ragen/FrozenLake-v0")
 
     # the protocol's step takes a whole reply; the unwrapped env's takes one action string (benchmarks/bench_envs.py)

@@ -17,6 +17,25 @@ from ragen_envs.rewards import wrap_rewards
 from ragen_envs.settings import ProtocolSettings, merge_settings, split_protocol_kwargs
 
 
+#: ``gymnasium.make`` keywords that only an id's registration sets: which class to build (imported by name) and its
+#: reference protocol. Data a user hands over (a config's or a suite's ``env_kwargs``) may not set them: a class path
+#: in a YAML file would make ``gymnasium.make`` import and call whatever it names.
+REGISTRATION_KWARGS: tuple[str, ...] = ("env_cls", "reference_protocol")
+
+
+def check_user_env_kwargs(env_kwargs: Any, where: str) -> None:
+    """Raise ``ValueError`` when ``env_kwargs`` (from a config file, a suite, a command line) sets a keyword that
+    only an env id's registration may set (:data:`REGISTRATION_KWARGS`); ``where`` names the source."""
+    if not isinstance(env_kwargs, dict):
+        return
+    bad = [k for k in REGISTRATION_KWARGS if k in env_kwargs]
+    if bad:
+        raise ValueError(f"invalid {where}: {', '.join(repr(k) for k in bad)} cannot be set here (an env id's "
+                         "registration sets the class it builds and its reference protocol; use another env id, or "
+                         "register your env in code with ragen_envs.register_text_env); accepted: the env class's "
+                         "own arguments, protocol settings and reward_wrappers")
+
+
 def load_object(path: str) -> Any:
     """Import ``"package.module:Name"`` and return ``Name``."""
     module_name, _, attr = path.partition(":")
@@ -42,6 +61,8 @@ def make_text_env(
     env class.
     """
     cls = load_object(env_cls) if isinstance(env_cls, str) else env_cls
+    check_arg(isinstance(cls, type) and issubclass(cls, BaseTextEnv), "env_cls", env_cls,
+              "a ragen_envs.core.BaseTextEnv subclass ('package.module:ClassName')")
     if isinstance(reference_protocol, dict):
         reference_protocol = ProtocolSettings.from_dict(reference_protocol, where="reference_protocol")
     base_settings = reference_protocol or ProtocolSettings()

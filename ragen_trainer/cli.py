@@ -42,6 +42,7 @@ from ragen_trainer.config import (
 from ragen_trainer.evaluation import cli as eval_cli
 from ragen_trainer.host_memory import peak_rss_bytes
 from ragen_trainer.models import ModelLoadError, check_model_source, load_model_and_tokenizer
+from ragen_trainer.plotting import plot_runs
 
 #: Exit status after Ctrl-C (the shell's convention for SIGINT).
 EXIT_INTERRUPTED = 130
@@ -336,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ragen-trainer",
         description="StarPO / StarPO-S training of LLM agents on ragen's text envs (RAGEN, arXiv 2504.20073).",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,presets,eval,leaderboard}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{train,presets,eval,leaderboard,plot}")
     train = sub.add_parser("train", help="train a model with StarPO / StarPO-S",
                            usage="ragen-trainer train [--config PRESET|YAML] [--env ENV_ID] [--model MODEL] "
                                  "[--<field> VALUE ...] [--set FIELD=VALUE ...] [--resume | --overwrite] [--dry-run]",
@@ -354,7 +355,37 @@ def build_parser() -> argparse.ArgumentParser:
                         description=eval_cli.LEADERBOARD_DESCRIPTION)
     eval_cli.add_leaderboard_arguments(lb)
     lb.set_defaults(func=eval_cli.run_leaderboard)
+    plot = sub.add_parser("plot", help="draw training curves of runs (several seeds: mean and band)",
+                          description=PLOT_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plot.add_argument("runs", nargs="+", metavar="RUN",
+                      help="a run folder (with metrics.jsonl), or a folder of run folders of one configuration (seeds)")
+    plot.add_argument("-o", "--output", required=True, metavar="FILE", help="the figure: .png, .pdf or .svg")
+    plot.add_argument("--labels", nargs="+", metavar="LABEL", help="one legend label per RUN (default: folder names)")
+    plot.add_argument("--title", default=None, help="a title above the panels")
+    plot.set_defaults(func=run_plot)
     return parser
+
+
+PLOT_DESCRIPTION = """Draw the curves a researcher looks at first: training and validation success (every
+validation split), mean reward and in-group reward std, reply entropy and gradient norm.
+
+Each RUN is one configuration, in its own colour: a run folder, or a folder whose sub-folders are runs of the same
+settings with different seeds (their mean is drawn, with a band of one standard deviation).
+
+    ragen-trainer plot runs/starpo-s -o curves.png
+    ragen-trainer plot runs/sweep/lr5e-05 runs/sweep/lr1e-05 -o lr.png --labels "lr 5e-5" "lr 1e-5"
+"""
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    """``ragen-trainer plot``: exit 0 with the figure's path, 2 with a message for bad arguments."""
+    try:
+        path = plot_runs(args.runs, args.output, labels=args.labels, title=args.title)
+    except ValueError as exc:
+        print(f"ragen-trainer plot: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} ({len(args.runs)} configuration(s))")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

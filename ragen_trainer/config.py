@@ -41,9 +41,11 @@ import dataclasses
 import difflib
 import functools
 import importlib.util
+import ipaddress
 import math
 import re
 import types
+import urllib.parse
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
@@ -54,6 +56,7 @@ import yaml
 
 from ragen_envs import reference_settings
 from ragen_envs.core import check_arg
+from ragen_envs.factory import check_user_env_kwargs
 from ragen_envs.games import GAMES, OPPONENT_NAMES, game_of
 from ragen_envs.games.base import check_turn_budget_unchanged
 from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
@@ -126,7 +129,7 @@ RESUME_SAFE_FIELDS: frozenset[str] = frozenset({
     "total_steps", "output_dir", "resume", "logging_steps", "report_to", "save_steps", "save_total_limit",
     "val_every", "val_groups", "val_temperature", "engine", "engine_url", "generation_batch_size",
     "micro_batch_size", "gradient_checkpointing", "deepspeed", "dtype", "share_prefixes",
-    "old_logprob_pass", "release_freed_memory",
+    "old_logprob_pass", "release_freed_memory", "allow_remote_engine", "dist_timeout_minutes", "val_envs",
     # a label: the values a preset implies are compared field by field (and configs saved before it existed lack it)
     "preset",
 })
@@ -193,6 +196,13 @@ class StarPOConfig:
         "policy's weights before every rollout: inside this process without engine_url, else the server there).")
     engine_url: str = _f("", "Base URL of a vLLM server for engine=vllm (e.g. http://127.0.0.1:8000, started with "
         "VLLM_SERVER_DEV_MODE=1); empty: vLLM runs in the trainer's process. Unused by hf.")
+    allow_remote_engine: bool = _f(
+        False,
+        "Allow an engine_url whose host is not this machine (127.0.0.0/8, ::1, localhost). A vLLM server in "
+        "development mode (VLLM_SERVER_DEV_MODE=1, which weight updates need) answers /collective_rpc without "
+        "authentication: anyone who reaches it can make it load other weights or call any worker method. Off: such "
+        "a URL is refused at validation; on: accepted with a warning (keep that server on a private network).",
+    )
     group_randomness: str = _f(
         "shared",
         "Env randomness of a group's rollouts: shared (the reference's: same seed, same payouts and slips, so the "
@@ -359,6 +369,16 @@ class StarPOConfig:
     val_every: int = _f(10, "Validate every this many steps (0 = never).")
     val_groups: int = _f(256, "Initial states of each validation (one rollout each).")
     val_temperature: float = _f(0.5, "Sampling temperature of validation.")
+    val_envs: list[Any] = _f(
+        [],
+        "Generalisation splits validated beside the training env at every validation, as the paper's runs did: each "
+        "a registered env id, or a mapping {env_id: ..., name: ..., env_kwargs: {...}} for a variant (e.g. Bandit "
+        "with other arm names); each on val_groups initial states, logged as val/<name>/success (default name: the "
+        "id without 'ragen/' and the version). The paper's Bandit runs: [ragen/BanditTest-v0] "
+        "(config/_1_bandit.yaml); its Sokoban generalisation runs: [ragen/SokobanLarge-v0, ragen/SokobanNewVocab-v0, "
+        "ragen/FrozenLake-v0] (train_all.sh). Each split plays its own reference protocol with the run's protocol "
+        "changes on top.",
+    )
     logging_steps: int = _f(1, "Log metrics every this many steps.")
     report_to: list[str] = _f(
         ["console", "jsonl", "tensorboard"],
@@ -366,7 +386,12 @@ class StarPOConfig:
         "package, and WANDB_API_KEY or `wandb login`, or WANDB_MODE=offline).",
     )
     save_steps: int = _f(50, "Save a Hugging Face checkpoint every this many steps (0 = only the final one).")
-    save_total_limit: int = _f(0, "Keep at most this many checkpoints (0 = keep all).")
+    save_total_limit: int = _f(
+        2,
+        "Keep at most this many checkpoints, the newest (0 = keep all). A full-tuning checkpoint holds the weights, "
+        "AdamW's two moments of the policy and of the critic, the schedule and the RNG state: 3.1 GB for SmolLM2-135M "
+        "with a separate critic (weights 0.5 GB, critic 0.5 GB, optimizer.pt 2.1 GB).",
+    )
     resume: bool = _f(
         True,
         "true: continue the run in output_dir (from its newest checkpoint that verifies) when its config matches, and "
@@ -374,6 +399,11 @@ class StarPOConfig:
         "--overwrite). `ragen-trainer train --resume` alone continues even with a changed config.",
     )
     deepspeed: str = _f("", "Path to a DeepSpeed config JSON (ZeRO); empty = none. Use with `accelerate launch`.")
+    dist_timeout_minutes: float = _f(
+        10.0,
+        "Distributed runs: the most minutes one process waits for the others at a collective before the run stops "
+        "with a message naming the process that did not answer (torch's default is 30 minutes, silent).",
+    )
 
     def __post_init__(self) -> None:
         # The mapping fields arrive as text from HfArgumentParser / TrlParser (typed ``dict | str | None`` as
@@ -429,6 +459,8 @@ class StarPOConfig:
         for name in ("actor_lr", "critic_lr", "max_grad_norm", "critic_max_grad_norm"):
             _check(math.isfinite(getattr(self, name)) and getattr(self, name) > 0, name, getattr(self, name),
                    "a finite number > 0")
+        _check(math.isfinite(self.dist_timeout_minutes) and self.dist_timeout_minutes > 0, "dist_timeout_minutes",
+               self.dist_timeout_minutes, "a finite number of minutes > 0 (e.g. 10; 0.5 is 30 seconds)")
         for name in ("temperature", "val_temperature"):
             _check(0.0 <= getattr(self, name) <= 10.0, name, getattr(self, name), "a number in [0, 10]")
         _check(0.0 < self.top_p <= 1.0, "top_p", self.top_p, "a number in (0, 1]")
@@ -465,7 +497,10 @@ class StarPOConfig:
         advice = pure_low_precision_advice(self.master_dtype, self.actor_lr)
         if advice:
             warnings.warn(advice, UserWarning, stacklevel=2)
+        check_user_env_kwargs(self.env_kwargs, "config field env_kwargs")
         settings = self.protocol_settings()  # a bad or conflicting protocol setting fails here, before any model loads
+        names = [self.validation_split(entry)[0] for entry in self.val_envs]  # bad entries fail here, before a model
+        _check(len(set(names)) == len(names), "val_envs", self.val_envs, "splits with distinct names")
         if self.opponent_pool:
             try:
                 check_opponent_pool(self.env_id, self.opponent_pool)
@@ -478,6 +513,36 @@ class StarPOConfig:
         if self.engine == "vllm" and self.engine_url:
             _check(self.engine_url.startswith(("http://", "https://")), "engine_url", self.engine_url,
                    "an http(s) URL of a vLLM server (VLLM_SERVER_DEV_MODE=1), or empty for vLLM in this process")
+            try:
+                host = urllib.parse.urlsplit(self.engine_url).hostname or ""
+            except ValueError:  # an unclosed '[' of an IPv6 address
+                host = ""
+            _check(host != "", "engine_url", self.engine_url,
+                   "an http(s) URL with a host, e.g. http://127.0.0.1:8000 (IPv6: http://[::1]:8000)")
+            # The server's development endpoints (/collective_rpc, which the weight push needs) answer whoever reaches
+            # them, without authentication (vLLM's --api-key covers /v1 only): a server elsewhere is used only when
+            # asked for by name. A host name other than localhost counts as elsewhere (its DNS answer can change).
+            try:
+                address: Any = ipaddress.ip_address(host)
+            except ValueError:
+                address = None
+            if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+                address = address.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+            if host != "localhost" and not (address is not None and address.is_loopback):
+                risk = (f"its host {host} is not this machine's loopback address, and the vLLM server's development "
+                        "endpoints (VLLM_SERVER_DEV_MODE=1, which the weight push needs) take requests without "
+                        "authentication (--api-key covers /v1 only): anyone who reaches that server can make it load "
+                        "other weights (POST /collective_rpc) or call any worker method")
+                if not self.allow_remote_engine:
+                    hint = (" (0.0.0.0 / :: is what a server listens on, not an address to reach: this machine is "
+                            "http://127.0.0.1:PORT)") if address is not None and address.is_unspecified else ""
+                    raise ValueError(
+                        f"invalid config field engine_url={self.engine_url!r}: {risk}. Expected a server on this "
+                        f"machine (host 127.0.0.0/8, [::1] or localhost){hint}; to use a server on another host "
+                        "anyway (on a network only you reach), pass --allow_remote_engine true (allow_remote_engine: "
+                        "true in a YAML config)")
+                warnings.warn(f"engine_url={self.engine_url!r} is another host (allow_remote_engine is on): {risk}; "
+                              "keep that server on a network only you reach", UserWarning, stacklevel=2)
         elif self.engine == "vllm" and importlib.util.find_spec("vllm") is None:
             raise ValueError(
                 "invalid config field engine='vllm': without engine_url vLLM runs inside the trainer's process "
@@ -509,6 +574,38 @@ class StarPOConfig:
         kwargs = {k: v for k, v in self.env_kwargs.items() if k not in FIELD_NAMES and k != "protocol"}
         kwargs["protocol"] = settings if settings is not None else self.protocol_settings()
         return kwargs
+
+    def validation_split(self, entry: Any) -> tuple[str, str, dict[str, Any]]:
+        """One :attr:`val_envs` entry as ``(name, env id, gymnasium.make kwargs)``: the split's own ``env_kwargs`` and
+        its env id's reference protocol with the run's ``protocol`` changes (those given in ``protocol`` and the
+        protocol keys of the run's ``env_kwargs``) on top. The training env's other ``env_kwargs`` (its map size,
+        arm names, ...) are its own and are not passed. Raises ``ValueError`` naming the entry."""
+        accepted = ("a registered env id, or a mapping {env_id: ..., name: ..., env_kwargs: {...}} (name and "
+                    "env_kwargs optional)")
+        if isinstance(entry, str):
+            env_id, name, kwargs = entry, None, {}
+        elif isinstance(entry, dict) and isinstance(entry.get("env_id"), str) \
+                and set(entry) <= {"env_id", "name", "env_kwargs"}:
+            env_id, name, kwargs = entry["env_id"], entry.get("name"), entry.get("env_kwargs") or {}
+        else:
+            raise ValueError(f"invalid config field val_envs: entry {entry!r}: expected {accepted}")
+        check_user_env_kwargs(kwargs, f"config field val_envs: entry {entry!r}")
+        if not isinstance(kwargs, dict) or not (name is None or (isinstance(name, str) and
+                                                                 re.fullmatch(r"[A-Za-z0-9_.\-]+", name))):
+            raise ValueError(f"invalid config field val_envs: entry {entry!r}: expected {accepted}; a name is "
+                             "letters, digits and _ . - (it becomes a metric key)")
+        try:
+            base = reference_settings(env_id)
+        except ValueError as exc:
+            raise ValueError(f"invalid config field val_envs: {env_id!r}: {exc}") from None
+        in_env_kwargs = {k: v for k, v in self.env_kwargs.items() if k in FIELD_NAMES}
+        try:
+            settings = merge_settings(base, [("config field protocol", self.protocol), ("config field env_kwargs",
+                                                                                        in_env_kwargs)])
+        except ValueError as exc:
+            raise ValueError(f"invalid config field val_envs: {env_id!r}: {exc}") from None
+        default_name = re.sub(r"-v\d+$", "", env_id.split("/")[-1])
+        return name or default_name, env_id, {**kwargs, "protocol": settings}
 
     @property
     def kept_groups(self) -> int:
@@ -622,6 +719,23 @@ def preset_changes(name: str, reference: str = "paper") -> dict[str, Any]:
     return {k: v.at(reference) if isinstance(v, ByReference) else v for k, v in changes.items()}
 
 
+def presets_table() -> str:
+    """The presets as a Markdown table, written from :data:`PRESETS` (``docs/training.md`` holds it; a test checks
+    that it is current): each preset's changes from StarPO-S as the paper's runs used them, and the value
+    ``reference: latest`` gives where it differs."""
+    lines = ["| preset | what it is | differs from `starpo-s` by (`reference: paper`; latest where it differs) |",
+             "|---|---|---|"]
+    for name, (description, changes) in PRESETS.items():
+        parts = []
+        for key, value in changes.items():
+            if isinstance(value, ByReference) and value.paper != value.latest:
+                parts.append(f"`{key}={value.paper!r}` (latest: `{value.latest!r}`)")
+            else:
+                parts.append(f"`{key}={value.paper if isinstance(value, ByReference) else value!r}`")
+        lines.append(f"| `{name}` | {description.replace('|', '/').replace('<', '&lt;')} | {', '.join(parts) or '(the defaults)'} |")
+    return "\n".join(lines) + "\n"
+
+
 def preset(name: str, reference: str = "paper") -> StarPOConfig:
     """The config of a named preset (see :data:`PRESETS`) as ``reference`` (``paper`` or ``latest``) trains it."""
     changes = preset_changes(name, reference)
@@ -719,6 +833,8 @@ def _apply_fields(cfg: StarPOConfig, changes: dict[str, Any]) -> StarPOConfig:
             out.protocol[key] = value
             continue
         if key == "protocol":  # merged field by field, so layers compose
+            if isinstance(value, str):  # --protocol '{max_turns: 2}', --set 'protocol={...}': YAML or JSON text
+                value = parse_value(key, value, dict)
             if not isinstance(value, dict):
                 raise ValueError(f"invalid config field protocol={value!r}: expected a mapping of protocol settings "
                                  "(e.g. {max_turns: 3})")

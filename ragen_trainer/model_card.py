@@ -477,7 +477,8 @@ Generation runs on past the stop string (the reply is cut there); `pipe(messages
 With `transformers` older than the response templates (4.x), the reply lacks the prefix: prepend
 `pipe.model.generation_config.ragen["generation_prefix"]` ({prefix!r}).
 
-Served (`transformers serve {name}`, or `vllm serve {name}`), from any OpenAI-compatible client or ragen:
+Served on this machine (`transformers serve {name}`, or `vllm serve {name} --host 127.0.0.1`), from any
+OpenAI-compatible client or ragen:
 
 ```bash
 ragen-trainer eval --engine openai --base-url http://127.0.0.1:8000/v1 --model {name} {suite_args}

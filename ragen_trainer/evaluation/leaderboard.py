@@ -30,6 +30,7 @@ import html
 import json
 import math
 import re
+import textwrap
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -52,6 +53,13 @@ GRID_LEGENDS: dict[str, dict[str, str]] = {
 
 #: Longest text (chars) of one prompt or reply kept in the page; the result file keeps everything.
 MAX_TEXT_CHARS = 6000
+#: The bar charts: pixels per agent (its bar and the room its label takes under it), the bar's width, and the label's
+#: lines (at most this many, of at most this many characters: 14 characters of the 11 px font fit in a slot, and the
+#: page's script squeezes a line of unusually wide letters into it).
+CHART_SLOT_PX = 104
+CHART_BAR_PX = 40
+LABEL_LINE_CHARS = 14
+LABEL_LINES = 3
 
 
 # ------------------------------------------------------------------------------------------------------ data
@@ -283,37 +291,57 @@ def markdown_table(board: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------------------------------------------------ html parts
+def chart_label_lines(label: str) -> list[str]:
+    """A bar's label as at most :data:`LABEL_LINES` lines of at most :data:`LABEL_LINE_CHARS` characters (broken at
+    spaces and hyphens where it can; the last line ends in "…" when the label is longer): the labels of two
+    neighbouring bars never run into each other. The chart keeps the whole label as the bar's tooltip."""
+    lines = textwrap.wrap(" ".join(label.split()), width=LABEL_LINE_CHARS, break_long_words=True,
+                          break_on_hyphens=True) or [""]
+    if len(lines) > LABEL_LINES:
+        lines = lines[:LABEL_LINES]
+        lines[-1] = lines[-1][:LABEL_LINE_CHARS - 1].rstrip() + "…"
+    return lines
+
+
 def _svg_chart(env: str, rows: list[dict[str, Any]]) -> str:
-    """Bars of every agent's success rate on ``env`` with +-1.96 SE error bars, as inline SVG."""
-    width, height, left, bottom, top = max(240, 70 + 64 * len(rows)), 220, 40, 50, 20
+    """Bars of every agent's success rate on ``env`` with +-1.96 SE error bars, as inline SVG. Each bar has a slot of
+    :data:`CHART_SLOT_PX`, its label centred under it on up to :data:`LABEL_LINES` lines (the whole label as the
+    tooltip of the label and of the bar; the page's script squeezes a line of unusually wide letters into the
+    slot)."""
+    slot, bar, line_h = CHART_SLOT_PX, CHART_BAR_PX, 13
+    left, top = 40, 20
+    bottom = 22 + line_h * LABEL_LINES
+    width, height = max(240, left + 10 + slot * len(rows)), 170 + bottom
     plot_h = height - bottom - top
     parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" class="bars" width="{width}" height="{height}" '
-              f'role="img" aria-label="success rate on {html.escape(env)}">')]  # fmt: skip
+              f'data-slot="{slot}" role="img" aria-label="success rate on {html.escape(env)}">')]  # fmt: skip
     for tick in (0, 25, 50, 75, 100):
         y = top + plot_h * (1 - tick / 100)
         parts.append(f'<line x1="{left}" x2="{width - 5}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>')
         parts.append(f'<text x="{left - 4}" y="{y + 4:.1f}" class="tick" text-anchor="end">{tick}</text>')
     for i, row in enumerate(rows):
         s = row["envs"].get(env)
-        x = left + 12 + 64 * i
+        centre = left + 5 + slot * i + slot // 2
+        x = centre - bar // 2
         name = html.escape(row["label"])
-        short = html.escape(row["label"] if len(row["label"]) <= 11 else row["label"][:10] + "…")
-        parts.append(f'<text x="{x + 20}" y="{height - bottom + 16}" class="label" text-anchor="middle">{short}'
-                     f"<title>{name}</title></text>")  # fmt: skip
+        lines = "".join(f'<tspan x="{centre}" dy="{0 if n == 0 else line_h}">{html.escape(text)}</tspan>'
+                        for n, text in enumerate(chart_label_lines(row["label"])))
+        parts.append(f'<text x="{centre}" y="{height - bottom + 16}" class="label" text-anchor="middle">'
+                     f"<title>{name}</title>{lines}</text>")  # fmt: skip
         if not s or s["success_rate"] is None:
             continue
         p, se = 100 * s["success_rate"], 100 * (s["success_rate_se"] or 0.0)
         y = top + plot_h * (1 - p / 100)
         parts.append(
-            f'<rect class="bar" data-agent="{name}" x="{x}" y="{y:.1f}" width="40" height="{top + plot_h - y:.1f}">'
+            f'<rect class="bar" data-agent="{name}" x="{x}" y="{y:.1f}" width="{bar}" height="{top + plot_h - y:.1f}">'
             f"<title>{name}: {p:.1f}% ± {se:.1f} (SE), n={s['episodes']}</title></rect>"
         )
         lo, hi = max(0.0, p - 1.96 * se), min(100.0, p + 1.96 * se)
         y_lo, y_hi = top + plot_h * (1 - lo / 100), top + plot_h * (1 - hi / 100)
-        parts.append(f'<line class="err" x1="{x + 20}" x2="{x + 20}" y1="{y_lo:.1f}" y2="{y_hi:.1f}"/>')
+        parts.append(f'<line class="err" x1="{centre}" x2="{centre}" y1="{y_lo:.1f}" y2="{y_hi:.1f}"/>')
         for yy in (y_lo, y_hi):
-            parts.append(f'<line class="err" x1="{x + 14}" x2="{x + 26}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
-        parts.append(f'<text x="{x + 20}" y="{y_hi - 4:.1f}" class="value" text-anchor="middle">{p:.0f}</text>')
+            parts.append(f'<line class="err" x1="{centre - 6}" x2="{centre + 6}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
+        parts.append(f'<text x="{centre}" y="{y_hi - 4:.1f}" class="value" text-anchor="middle">{p:.0f}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -545,6 +573,14 @@ svg.bars text{font-size:11px;fill:#333}
 _JS = r"""
 (function(){
 "use strict";
+// ---- bar labels: a line of wide letters ("WWW...") wider than its bar's slot is squeezed into it (the page's font
+// decides the width, so it is measured here); the whole label is the tooltip
+document.querySelectorAll("svg.bars text.label tspan").forEach(function(line){
+  var room = +line.closest("svg").dataset.slot - 8;
+  if (line.getComputedTextLength() > room) {
+    line.setAttribute("textLength", room); line.setAttribute("lengthAdjust", "spacingAndGlyphs");
+  }
+});
 // ---- sortable tables
 document.querySelectorAll("table.sortable").forEach(function(table){
   table.querySelectorAll("th").forEach(function(th){

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_envs.factory import check_user_env_kwargs
 from ragen_envs.registration import reference_settings
 from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
 from ragen_trainer.fileio import read_text_bounded
@@ -249,6 +250,7 @@ def suite_from_dict(data: dict[str, Any]) -> Suite:
         env_kwargs = raw.get("env_kwargs", {})
         if not isinstance(env_kwargs, dict):
             raise ValueError(f"invalid env_kwargs {env_kwargs!r} for env {env_name!r}: expected an object")
+        check_user_env_kwargs(env_kwargs, f"env_kwargs of env {env_name!r}")
         reset_options = raw.get("reset_options")
         if reset_options is not None and not isinstance(reset_options, dict):
             raise ValueError(f"invalid reset_options {reset_options!r} for env {env_name!r}: expected an object")

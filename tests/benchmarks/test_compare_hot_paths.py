@@ -10,35 +10,57 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import compare_hot_paths
 
 
-def _report(path: Path, **groups: tuple[float, list[float]]) -> str:
-    """A report as pytest-benchmark writes it: per group ragen's rounds' fastest and the reference's rounds."""
-    benches = [{"group": g, "name": f"test_{g}", "stats": {"min": ragen}, "extra_info": {"reference_s": reference}}
-               for g, (ragen, reference) in groups.items()]
-    benches.append({"group": "other", "name": "test_without_reference", "stats": {"min": 1.0}, "extra_info": {}})
+def _report(path: Path, **groups: list[float]) -> str:
+    """A report as pytest-benchmark writes it from ``benchmarks/test_hot_paths.py``: per group the paired rounds'
+    ratios (and each path's time per call: the reference 1 s, ragen the ratio)."""
+    benches = [{"group": g, "name": f"test_{g}", "stats": {"min": 1.0},
+                "extra_info": {"ratios": rounds, "ragen_s": rounds, "reference_s": [1.0] * len(rounds)}}
+               for g, rounds in groups.items()]
+    benches.append({"group": "other", "name": "test_without_rounds", "stats": {"min": 1.0}, "extra_info": {}})
     path.write_text(json.dumps({"benchmarks": benches}), encoding="utf-8")
     return str(path)
 
 
-def test_ratio_is_ragen_fastest_over_reference_fastest(tmp_path):
-    report = json.loads(Path(_report(tmp_path / "r.json", update=(0.2, [1.5, 1.0, 1.2]))).read_text())
-    assert compare_hot_paths.ratios(report) == {"update": {"ragen": 0.2, "reference": 1.0, "ratio": 0.2}}
+def test_ratio_is_the_median_of_the_rounds_ratios(tmp_path):
+    report = json.loads(Path(_report(tmp_path / "r.json", update=[0.2, 0.5, 0.21, 0.19, 0.2])).read_text())
+    row = compare_hot_paths.ratios(report)["update"]
+    assert row["ratio"] == 0.2 and row["rounds"] == 5  # the one round hit by load (0.5) moves nothing
+    assert row["low"] <= 0.2 <= row["high"] and row["reference"] == 1.0 and row["ragen"] == 0.2
+    assert "other" not in compare_hot_paths.ratios(report)
 
 
 def test_update_saves_then_compare_passes_within_tolerance_and_fails_beyond(tmp_path, capsys):
     baselines = str(tmp_path / "baselines" / "hot.json")
-    first = _report(tmp_path / "a.json", update=(0.2, [1.0]), decode=(0.5, [1.0]))
+    first = _report(tmp_path / "a.json", update=[0.2, 0.2, 0.2], decode=[0.5])
     assert compare_hot_paths.main([first, "--baselines", baselines, "--update"]) == 0
     assert json.loads(Path(baselines).read_text()) == {"decode": 0.5, "update": 0.2}
-    within = _report(tmp_path / "b.json", update=(0.23, [1.0]), decode=(0.4, [1.0]))  # +15 %, -20 %
+    within = _report(tmp_path / "b.json", update=[0.23, 0.23, 0.9], decode=[0.4])  # +15 %, -20 %
     assert compare_hot_paths.main([within, "--baselines", baselines]) == 0
-    slower = _report(tmp_path / "c.json", update=(0.25, [1.0]), decode=(0.5, [1.0]))  # update +25 %
+    assert "every ratio within 20%" in capsys.readouterr().out
+    slower = _report(tmp_path / "c.json", update=[0.25, 0.25, 0.1], decode=[0.5])  # update +25 %
     assert compare_hot_paths.main([slower, "--baselines", baselines]) == 1
-    assert "regression of more than 20% in: update" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "regression of more than 20% in: update" in captured.err
+    assert "REGRESSION" in captured.out and "middle half" in captured.out
 
 
-def test_a_report_without_pairs_is_an_error(tmp_path, capsys):
+def test_a_report_without_rounds_or_bad_baselines_is_an_error(tmp_path, capsys):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"benchmarks": []}), encoding="utf-8")
     assert compare_hot_paths.main([str(empty), "--baselines", str(tmp_path / "none.json")]) == 2
-    assert "holds no ragen/reference pair" in capsys.readouterr().err
+    assert "holds no paired rounds" in capsys.readouterr().err
     assert compare_hot_paths.main([str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    not_a_report = tmp_path / "list.json"
+    not_a_report.write_text("[1, 2]", encoding="utf-8")
+    assert compare_hot_paths.main([str(not_a_report)]) == 2
+    assert "is not a pytest-benchmark report" in capsys.readouterr().err
+    good = _report(tmp_path / "good.json", update=[0.2])
+    torn = tmp_path / "torn.json"
+    torn.write_text('{"update": 0.2', encoding="utf-8")
+    assert compare_hot_paths.main([good, "--baselines", str(torn)]) == 2
+    assert "cannot read the baselines" in capsys.readouterr().err
+    negative = tmp_path / "negative.json"
+    negative.write_text('{"update": -1}', encoding="utf-8")
+    assert compare_hot_paths.main([good, "--baselines", str(negative)]) == 2
+    assert "not a JSON object of positive ratios" in capsys.readouterr().err

@@ -51,7 +51,8 @@ def test_every_run_is_a_valid_config_that_builds_its_env(reproduce, scale, tmp_p
         for run in runs:
             assert run.preset in PRESETS and run.source, run.key
             cfg = reproduce.run_config(run, scale, tmp_path)
-            assert cfg.reference == "paper" and cfg.output_dir == str(tmp_path / scale / run.key)
+            key = reproduce.identity_key(reproduce.run_identity(cfg, scale))
+            assert cfg.reference == "paper" and cfg.output_dir == str(tmp_path / scale / f"{run.key}-{key}")
             env = gym.make(cfg.env_id, **cfg.env_make_kwargs())
             env.reset(seed=0)
             env.close()
@@ -120,11 +121,13 @@ def test_task_diversity_keeps_128_rollouts_a_step(reproduce, tmp_path):
 def test_generalization_runs_use_the_reference_arm_names_and_splits(reproduce, tmp_path):
     runs = {r.key: r for r in reproduce.EXPERIMENTS["table4-generalization"].runs()}
     original = reproduce.run_config(runs["bandit/generalization"], "paper", tmp_path)
-    assert original.env_kwargs == {"low_risk_name": "Engineer", "high_risk_name": "Teacher"}
+    # Table 4's "Bandit": the intuitive mapping (the ambitious profession risky), train_all.sh's -rev run (line 66)
+    assert original.env_kwargs == {"low_risk_name": "Teacher", "high_risk_name": "Engineer"}
+    assert [s["name"] for s in original.val_envs] == ["bandit-rev-test"]  # validated during training, as the paper
     assert original.max_new_tokens == 500  # config/_1_bandit.yaml
-    assert runs["bandit/generalization"].splits == ("bandit-test",)
+    assert runs["bandit/generalization"].splits == ("bandit-rev-test",)  # tested with Trader risky (line 66)
     assert reproduce.SPLITS["bandit-test"][1] == {"low_risk_name": "Trader", "high_risk_name": "Librarian"}
-    assert runs["bandit/generalization-rev"].splits == ("bandit-rev-test",)
+    assert runs["bandit/generalization-rev"].splits == ("bandit-test",)  # line 53: Teacher, then Librarian risky
     nothink = reproduce.run_config(runs["bandit/generalization-nothink"], "paper", tmp_path)
     assert nothink.protocol_settings().enable_think is False and original.protocol_settings().enable_think is True
     assert runs["sokoban/generalization"].splits == reproduce.SOKOBAN_SPLITS
@@ -200,10 +203,10 @@ def test_main_writes_the_experiments_own_curves_and_splits(reproduce, tmp_path, 
     assert (tmp_path / "table4-generalization-cpu.png").is_file()
     assert result["curves"] == experiment.curves and result["ema"] == reproduce.EMA
     data = result["runs"]["bandit/generalization"]
-    assert data["step"] == [1, 2, 3] and data["splits"] == {"bandit-test": 0.25}
+    assert data["step"] == [1, 2, 3] and data["splits"] == {"bandit-rev-test": 0.25}
     assert data["warnings"] == [{"step": 2, "messages": ["a warning"]}]
     assert data["seconds_per_step"] == [10.0, 10.0]
-    assert "bandit-test" in capsys.readouterr().out
+    assert "bandit-rev-test" in capsys.readouterr().out
 
 
 def test_an_interrupted_run_is_trained_again_and_a_finished_one_read_back(reproduce, tmp_path):

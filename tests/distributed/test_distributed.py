@@ -92,7 +92,7 @@ def test_two_processes_train_the_same_weights_as_one(tmp_path, one_process, engi
     else:
         run(out, "--steps", "2", "--save_steps", "1", "--deepspeed", ZERO2 if engine == "zero2" else ZERO3,
             processes=2)
-    assert _world(out) == 2 and (out / "checkpoint-1" / "rng_state_1.pth").is_file()  # really two processes
+    assert _world(out) == 2 and (out / "checkpoint-1" / "rng_state_1.json").is_file()  # really two processes
     got = weights(out)
     assert {v.dtype for v in got.values()} == {torch.float32}  # the master weights
     moved = max_diff(got, load_file(str(out / "checkpoint-1" / "model.safetensors")))
@@ -154,7 +154,7 @@ def test_the_train_command_runs_as_two_processes(tmp_path, tiny_model_dir):
     assert len(rows) == 1  # written once, by the main process
     assert rows[0]["batch/trajectories"] == 6 and rows[0]["batch/groups"] == 3  # both processes' groups
     assert rows[0]["filter/kept_trajectories"] == 2  # int(0.5 x 3) = 1 group of 2
-    assert _world(out) == 2 and (out / "checkpoint-1" / "rng_state_1.pth").is_file()
+    assert _world(out) == 2 and (out / "checkpoint-1" / "rng_state_1.json").is_file()
     assert json.loads((out / "summary.json").read_text())["steps"] == 1
 
 

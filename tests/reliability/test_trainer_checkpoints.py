@@ -41,7 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 def small_config(output_dir, preset="starpo-s", **changes):
     base = {
         "env_groups": 2, "group_size": 2, "max_turns": 1, "max_new_tokens": 8, "max_context_tokens": 1024,
-        "enable_think": False, "total_steps": 3, "save_steps": 1, "val_every": 0, "micro_batch_size": 2,
+        "enable_think": False, "total_steps": 3, "save_steps": 1, "save_total_limit": 0, "val_every": 0,
+        "micro_batch_size": 2,
         "generation_batch_size": 8, "actor_lr": 1e-3, "critic_lr": 1e-3, "report_to": ["jsonl"],
         "output_dir": str(output_dir),
         "reply_prefix": "", "bare_answers": True,  # the scripted engine writes bare answers
@@ -120,7 +121,7 @@ FAULTS = {
     "truncated-optimizer": (lambda c: truncate(c / "optimizer.pt"), "optimizer.pt is truncated"),
     "missing-scheduler": (lambda c: (c / "scheduler.pt").unlink(), "scheduler.pt is missing"),
     "missing-trainer-state": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json is missing"),
-    "missing-rng-state": (lambda c: (c / "rng_state.pth").unlink(), "rng_state.pth is missing"),
+    "missing-rng-state": (lambda c: (c / "rng_state.json").unlink(), "rng_state.json is missing"),
 }
 
 

@@ -15,6 +15,7 @@ from ragen_trainer.config import (
     load_config,
     parse_overrides,
     preset,
+    presets_table,
 )
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -262,3 +263,18 @@ def test_config_choices_match_the_modules_that_implement_them():
     assert set(CHOICES["reply_tokens"]) == set(REPLY_TOKENS)
     assert set(CHOICES["filter_round"]) == set(FILTER_ROUNDING)
     assert set(CHOICES["filter_mode"]) == set(FILTER_MODES)
+
+
+def test_docs_training_preset_table_is_written_from_the_presets():
+    """docs/training.md's preset table is presets_table() (it once said `starpo` has no KL: it has 0.001 in the
+    reward at reference paper)."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
+    assert presets_table() in text, "docs/training.md's preset table is stale: paste presets_table() into it"
+    assert "`kl_reward_coef=0.001` (latest: `0.0`)" in presets_table()
+
+
+@pytest.mark.parametrize("args", [["--protocol", "{max_turns: 2}"], ["--set", "protocol={max_turns: 2}"]])
+def test_protocol_given_as_text_on_a_command_line_is_parsed(args):
+    """`--protocol '{max_turns: 2}'` was refused as not a mapping: the text was never parsed."""
+    cfg = apply_overrides(load_config("starpo-s"), {"protocol": args[1].split("=", 1)[-1]})
+    assert cfg.protocol == {"max_turns": 2}

@@ -55,11 +55,14 @@ NOT_RECORDED: dict[str, str] = {
     "value_loss_coef": "the critic has its own optimizer and no weight at both commits",
     "warmup_steps": "verl's lr_warmup_steps_ratio 0 at both commits",
     "lr_scheduler_type": "verl's warmup_style constant at both commits",
+    "val_envs": "es_manager.val env_configs tags: per env file (config/_1_bandit.yaml: Bandit + BanditTest), not base",
+    "dist_timeout_minutes": "torch's default process-group timeout (30 min) at both commits; ragen's 10 min",
 }
 #: ragen's own fields (no reference counterpart).
 RAGEN_ONLY: frozenset[str] = frozenset({
     "output_dir", "engine", "engine_url", "generation_batch_size", "logging_steps", "report_to", "save_steps",
     "save_total_limit", "resume", "deepspeed", "opponent_pool", "opponent_snapshot_every", "opponent_pool_size",
+    "allow_remote_engine",
 })
 
 

@@ -1,13 +1,20 @@
-"""The reply-format warm-up: reference agents' chats, the mask over their replies, and a fine-tune that learns them."""
+"""The reply-format warm-up: reference agents' chats, the mask over their replies, a fine-tune that learns them, its
+folder (keyed by every setting, written whole with its record last, a damaged record named) and its command (every bad
+value a message before any model loads)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from ragen_trainer import warmup
 from ragen_trainer.config import StarPOConfig
 from ragen_trainer.models import activation_checkpointing_on
 from ragen_trainer.rollout import ChatTokens
@@ -90,3 +97,159 @@ def test_the_warmup_loss_is_the_labels_cross_entropy_and_checkpointing_changes_n
         models.append(model.state_dict())
     for name, value in models[0].items():
         assert torch.allclose(value, models[1][name], atol=1e-6), name
+
+
+# ------------------------------------------------------------------------------------------ the warm-up's folder
+def _warm(model_dir, out, **settings):
+    return warmup_model(str(model_dir), "ragen/Bandit-v0", _kwargs("ragen/Bandit-v0", enable_think=False), out,
+                        episodes=settings.pop("episodes", 2), epochs=1, progress=False, **settings)  # fmt: skip
+
+
+def test_another_model_or_seed_is_another_warmup_and_is_named_when_it_replaces_one(tiny_model_dir, tmp_path,
+                                                                                    capsys):
+    out = _warm(tiny_model_dir, tmp_path / "w", seed=0)
+    first = json.loads((out / warmup.RECORD).read_text())["settings"]
+    assert first["model"] == str(tiny_model_dir) and first["seed"] == 0 and first["batch_size"] == 4
+    capsys.readouterr()
+    _warm(tiny_model_dir, out, seed=1)  # another seed in the same folder: trained again, not served the seed-0 one
+    err = capsys.readouterr().err
+    assert "other settings" in err and "seed: 0 -> 1" in err, err
+    assert json.loads((out / warmup.RECORD).read_text())["settings"]["seed"] == 1
+    assert not list(tmp_path.glob(".tmp-*")) and not list(tmp_path.glob(".replaced-*"))
+    # the cache key holds every setting: the model and the seed too
+    base = warmup.warmup_settings("smollm2", "ragen/Bandit-v0", {}, seed=0)
+    keys = {warmup.settings_key(base), warmup.settings_key({**base, "seed": 1}),
+            warmup.settings_key({**base, "model": "other"})}
+    assert len(keys) == 3
+
+
+def test_a_kill_before_the_record_is_written_leaves_the_old_warmup_whole(tiny_model_dir, tmp_path, monkeypatch):
+    out = _warm(tiny_model_dir, tmp_path / "w", seed=0)
+    record = (out / warmup.RECORD).read_bytes()
+    weights = (out / "model.safetensors").read_bytes()
+
+    def killed(path, data, **kw):
+        raise KeyboardInterrupt  # the kill lands after the new weights are written, before their record
+
+    monkeypatch.setattr(warmup, "atomic_write_json", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _warm(tiny_model_dir, out, seed=1)
+    # the old warm-up is untouched: its weights still match its record, nothing half-written is left
+    assert (out / warmup.RECORD).read_bytes() == record and (out / "model.safetensors").read_bytes() == weights
+    assert not list(tmp_path.glob(".tmp-*"))
+    monkeypatch.undo()
+
+    real_replace = os.replace
+
+    def rename_fails(src, dst):
+        if Path(dst) == out and Path(src).name.startswith(".tmp-"):  # the new folder cannot be renamed into place
+            raise OSError(28, "No space left on device")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(warmup.os, "replace", rename_fails)
+    with pytest.raises(OSError):
+        _warm(tiny_model_dir, out, seed=1)
+    # the old one was put back
+    assert (out / warmup.RECORD).read_bytes() == record and (out / "model.safetensors").read_bytes() == weights
+
+
+@pytest.mark.parametrize("damage", ["{torn", "[]", '{"losses": [1.0]}', ""], ids=["torn", "list", "no-settings",
+                                                                               "empty"])
+def test_a_damaged_record_is_named_and_the_warmup_done_again(tiny_model_dir, tmp_path, capsys, damage):
+    out = _warm(tiny_model_dir, tmp_path / "w")
+    (out / warmup.RECORD).write_text(damage)
+    capsys.readouterr()
+    _warm(tiny_model_dir, out)
+    err = capsys.readouterr().err
+    assert f"{out / warmup.RECORD} is damaged" in err and "done again" in err, err
+    assert json.loads((out / warmup.RECORD).read_text())["settings"]["agent"] == "random"
+
+
+def test_a_folder_that_is_not_a_warmup_is_refused_not_deleted(tiny_model_dir, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="no warm-up record"):
+        _warm(tiny_model_dir, mine)
+    assert (mine / "notes.txt").read_text() == "keep me"
+
+
+def _cli_cases(tmp_path, model_dir):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    not_a_warmup = tmp_path / "theirs"
+    not_a_warmup.mkdir()
+    (not_a_warmup / "data.bin").write_text("x")
+    base = ["--env", "ragen/Bandit-v0", "--model", str(model_dir), "--out", str(tmp_path / "out")]
+    return {  # case -> (extra arguments, what the message must name)
+        "episodes-0": (["--episodes", "0"], "--episodes=0"),
+        "episodes-negative": (["--episodes", "-3"], "--episodes=-3"),
+        "episodes-not-a-number": (["--episodes", "many"], "--episodes"),
+        "epochs-0": (["--epochs", "0"], "--epochs=0"),
+        "lr-0": (["--lr", "0"], "--lr=0"),
+        "lr-negative": (["--lr=-1e-4"], "--lr=-0.0001"),
+        "lr-nan": (["--lr", "nan"], "--lr=nan"),
+        "lr-inf": (["--lr", "inf"], "--lr=inf"),
+        "lr-huge": (["--lr", "5"], "--lr=5"),
+        "batch-size-0": (["--batch-size", "0"], "--batch-size=0"),
+        "seed-negative": (["--seed", "-1"], "--seed=-1"),
+        "seed-too-large": (["--seed", str(2**40)], "--seed="),
+        "agent-unknown": (["--agent", "oracle"], "--agent"),
+        "env-unknown": (["--env", "ragen/Nope-v0"], "--env='ragen/Nope-v0'"),
+        "env-empty": (["--env", ""], "--env=''"),
+        "protocol-not-yaml": (["--protocol", "{enable_think: [false"], "--protocol"),
+        "protocol-not-a-mapping": (["--protocol", "[1, 2]"], "--protocol"),
+        "protocol-unknown-setting": (["--protocol", "{no_such_setting: 1}"], "no_such_setting"),
+        "protocol-bad-value": (["--protocol", "{enable_think: maybe}"], "enable_think"),
+        "env-kwargs-unknown": (["--env-kwargs", "{bogus: 1}"], "--env-kwargs"),
+        "env-kwargs-bad-value": (["--env-kwargs", "{low_risk_name: ''}"], "low_risk_name"),
+        "model-missing": (["--model", str(tmp_path / "no-model")], "--model="),
+        "model-a-file": (["--model", str(a_file)], "--model="),
+        "out-a-file": (["--out", str(a_file)], "--out="),
+        "out-not-a-warmup": (["--out", str(not_a_warmup)], "no warm-up record"),
+        "out-under-a-file": (["--out", str(a_file / "sub")], "--out="),
+    }, base
+
+
+CLI_CASES = ["episodes-0", "episodes-negative", "episodes-not-a-number", "epochs-0", "lr-0", "lr-negative", "lr-nan",
+             "lr-inf", "lr-huge", "batch-size-0", "seed-negative", "seed-too-large", "agent-unknown", "env-unknown",
+             "env-empty", "protocol-not-yaml", "protocol-not-a-mapping", "protocol-unknown-setting",
+             "protocol-bad-value", "env-kwargs-unknown", "env-kwargs-bad-value", "model-missing", "model-a-file",
+             "out-a-file", "out-not-a-warmup", "out-under-a-file"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CLI_CASES)
+def test_every_bad_value_of_the_command_is_a_message_before_any_model_loads(case, tmp_path, tiny_model_dir,
+                                                                            monkeypatch, capsys):
+    cases, base = _cli_cases(tmp_path, tiny_model_dir)
+    extra, named = cases[case]
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(warmup, "load_model_and_tokenizer", no_load)
+    with pytest.raises(SystemExit) as exit_info:
+        warmup.main(base + extra)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert "error:" in err and named in err and "Traceback" not in err, err
+    assert len(err) < 3000, err
+
+
+def test_the_command_without_a_traceback_as_a_process(tmp_path):
+    """The whole command as a user runs it: a bad value exits 2 with the message and nothing else."""
+    command = [sys.executable, "-m", "ragen_trainer.warmup", "--env", "ragen/Bandit-v0", "--out", str(tmp_path / "w"),
+               "--lr", "nan"]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2 and "--lr=nan" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "w").exists()
+
+
+def test_the_command_warms_up_into_its_folder(tmp_path, tiny_model_dir, capsys):
+    argv = ["--env", "ragen/Bandit-v0", "--protocol", "{enable_think: false}", "--model", str(tiny_model_dir),
+            "--episodes", "2", "--epochs", "1", "--batch-size", "2", "--out", str(tmp_path / "w")]  # fmt: skip
+    assert warmup.main(argv) == 0
+    record = json.loads((tmp_path / "w" / warmup.RECORD).read_text())
+    assert record["settings"]["batch_size"] == 2 and record["chats"] == 2
+    assert "warmed-up model in" in capsys.readouterr().out

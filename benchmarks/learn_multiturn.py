@@ -1,0 +1,150 @@
+"""Multi-turn learning on a CPU: StarPO-S on FrozenLake and Sokoban (the paper's environment settings) from the
+``reply-format`` warm-up, several seeds, validated during training on every split with 95 % intervals.
+
+Every run: the warm-up (:mod:`ragen_trainer.warmup`: SFT on the random agent's valid replies, so that SmolLM2-135M
+answers in the format; its own seed), then ``ragen-trainer train`` from the warmed-up model with StarPO-S at the
+settings below, validation every :data:`VAL_EVERY` steps on :data:`VAL_GROUPS` states of the training env and of each
+generalisation split (the paper's: Sokoban runs validate SokobanLarge, SokobanNewVocab and FrozenLake). Runs resume:
+``run`` again after an interruption continues each unfinished run from its checkpoint.
+
+    python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
+    python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
+    ragen-trainer plot runs/multiturn/frozenlake -o docs/learning/frozenlake.png
+
+The learning rate is the Bandit sweep's (docs/sweeps/bandit.md: 5e-5 collapses the policy onto one reply, 1e-5 learns
+on every seed there); the rest is fixed here before any run, not tuned toward the paper.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from functools import partial
+from pathlib import Path
+
+from rich.console import Console
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's root, for benchmarks.*
+from benchmarks.run_queue import Job, parse_queue_args, queue_parser, run_finished, run_jobs
+from ragen_trainer.monitor import read_metrics
+
+#: Env name -> (env id, the generalisation splits validated during training).
+ENVS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "frozenlake": ("ragen/FrozenLake-v0", ()),
+    "sokoban": ("ragen/Sokoban-v0", ("ragen/SokobanLarge-v0", "ragen/SokobanNewVocab-v0", "ragen/FrozenLake-v0")),
+}
+STEPS = 40
+VAL_EVERY = 10
+VAL_GROUPS = 128
+SEEDS = (0, 1, 2)
+#: StarPO-S over its paper defaults: CPU-sized batches and replies, the sweep's learning rate.
+TRAIN_FIELDS: dict[str, str] = {
+    "env_groups": "4", "group_size": "8", "max_new_tokens": "48", "actor_lr": "1e-5", "critic_lr": "1e-4",
+    "micro_batch_size": "8", "total_steps": str(STEPS), "val_every": str(VAL_EVERY), "val_groups": str(VAL_GROUPS),
+    "save_steps": "5", "save_total_limit": "1",
+}
+#: The warm-up (docs/reproduction.md's CPU scale).
+WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
+
+
+def jobs(root: Path, envs: list[str], seeds: list[int]) -> list[Job]:
+    out = []
+    for env in envs:
+        env_id, splits = ENVS[env]
+        for seed in seeds:
+            folder = root / env / f"seed{seed}"
+            warm = root / "warmup" / f"{env}-seed{seed}"
+            warmup = [sys.executable, "-m", "ragen_trainer.warmup", "--env", env_id, "--seed", str(seed),
+                      "--out", str(warm)] + [a for k, v in WARMUP_FIELDS.items() for a in (f"--{k}", v)]
+            train = ["ragen-trainer", "train", "--config", "starpo-s", "--env", env_id, "--model", str(warm),
+                     "--seed", str(seed), "--output_dir", str(folder), "--report_to", "[console, jsonl]",
+                     "--val_envs", "[" + ", ".join(splits) + "]"]
+            train += [a for k, v in TRAIN_FIELDS.items() for a in (f"--{k}", v)]
+            out.append(Job(f"{env}/seed{seed}", folder, [warmup, train], done=partial(run_finished, folder, STEPS)))
+    return out
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson interval of a success rate (``successes`` of ``n``)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def gain_interval(start: float, end: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """A 95 % interval of ``end - start`` for two independent success rates on ``n`` states each (normal)."""
+    se = math.sqrt(start * (1 - start) / n + end * (1 - end) / n)
+    return (end - start - z * se, end - start + z * se)
+
+
+def validations(folder: Path) -> dict[int, dict[str, float]]:
+    """``step -> {val key: value}`` of a run, its validation at step ``s`` being the policy after ``s`` steps."""
+    out: dict[int, dict[str, float]] = {}
+    for row in read_metrics(folder / "metrics.jsonl"):
+        val = {k: v for k, v in row.items() if k.startswith("val/") and k.endswith("success")}
+        if val and isinstance(row.get("step"), (int, float)):
+            out[int(row["step"]) - 1] = val
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        if isinstance(summary, dict) and isinstance(summary.get("final_validation"), dict):
+            out[int(summary["steps"])] = {k: v for k, v in summary["final_validation"].items() if k.endswith("success")}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return out
+
+
+def report(root: Path, envs: list[str], seeds: list[int], out_md: Path) -> str:
+    lines = [("| env | seed | split | steps | minutes | success at step 0 (95 % CI) | success at the end (95 % CI) | "
+              "gain (95 % CI) |"), "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for env in envs:
+        for seed in seeds:
+            folder = root / env / f"seed{seed}"
+            vals = validations(folder)
+            if not vals:
+                lines.append(f"| {env} | {seed} | - | 0 | - | not run | - | - |")
+                continue
+            first, last = min(vals), max(vals)
+            try:
+                minutes = json.loads((folder / "summary.json").read_text())["wall_seconds"] / 60
+            except (OSError, ValueError, KeyError, TypeError):
+                minutes = float("nan")
+            for key in sorted(vals[first]):
+                if key not in vals[last]:
+                    continue
+                a, b = vals[first][key], vals[last][key]
+                lo_a, hi_a = wilson(a * VAL_GROUPS, VAL_GROUPS)
+                lo_b, hi_b = wilson(b * VAL_GROUPS, VAL_GROUPS)
+                g_lo, g_hi = gain_interval(a, b, VAL_GROUPS)
+                split = key[len("val/"):-len("success")].strip("/") or env
+                lines.append(f"| {env} | {seed} | {split} | {last} | {minutes:.0f} | {a:.3f} ({lo_a:.2f}-{hi_a:.2f}) "
+                             f"| {b:.3f} ({lo_b:.2f}-{hi_b:.2f}) | {b - a:+.3f} ({g_lo:+.2f} to {g_hi:+.2f}) |")
+    text = "\n".join(lines) + "\n"
+    out_md.parent.mkdir(parents=True, exist_ok=True)
+    out_md.write_text(text, encoding="utf-8")
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = queue_parser(__doc__.split("\n\n")[0], out="runs/multiturn", seeds=SEEDS, md="docs/learning/multiturn.md")
+    parser.add_argument("--envs", nargs="+", choices=list(ENVS), default=list(ENVS))
+    args = parse_queue_args(parser, argv)
+    console = Console()
+    root = Path(args.out)
+    queue = jobs(root, args.envs, args.seeds)
+    if args.action == "list":
+        for job in queue:
+            for command in job.commands:
+                console.print(" ".join(command), soft_wrap=True, markup=False)
+        return 0
+    failed = run_jobs(queue, args.jobs, console) if args.action == "run" else 0
+    console.print(report(root, args.envs, args.seeds, Path(args.md)), markup=False)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
