@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -71,6 +72,17 @@ def parse_queue_args(parser: argparse.ArgumentParser, argv: list[str] | None) ->
     return args
 
 
+def busy(folder: Path) -> bool:
+    """True when another process is training into ``folder`` (a queue stopped and started again while its runs went
+    on): such a run is waited for, never started twice into the same folder."""
+    target = str(folder)
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if proc.pid != os.getpid() and any(arg == target for arg in cmdline):
+            return True
+    return False
+
+
 def run_jobs(jobs: list[Job], parallel: int, console: Console) -> int:
     """Run every unfinished job, ``parallel`` at a time, each command's output appended to ``folder/train.log``;
     returns the number of jobs that failed."""
@@ -96,8 +108,17 @@ def run_jobs(jobs: list[Job], parallel: int, console: Console) -> int:
             running.append((job, commands[1:], proc, t0))
 
         while queue or running:
-            while queue and len(running) < parallel:
-                job = queue.pop(0)
+            while queue:
+                elsewhere = [j for j in queue if busy(j.folder)]  # trained by another process: they hold a core too
+                free = [j for j in queue if j not in elsewhere]
+                if not free or len(running) + len(elsewhere) >= parallel:
+                    break
+                job = free[0]
+                queue.remove(job)
+                if job.done():  # finished by the other process while it waited
+                    job.after()
+                    progress.advance(task)
+                    continue
                 start(job, list(job.commands), time.time())
                 progress.update(task, description=", ".join(j.name for j, _, _, _ in running))
             time.sleep(2)

@@ -1,0 +1,91 @@
+"""The learning sweeps' machinery: the Bandit sweep's plan and report, the resumable run queue, the multi-turn
+report's intervals."""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from benchmarks import learn_multiturn, sweep_bandit
+from benchmarks.run_queue import Job, run_jobs
+
+
+def test_the_sweep_varies_one_thing_at_a_time_and_trains_each_configuration_once():
+    runs = sweep_bandit.plan(None, [0, 1, 2])
+    labels = sorted({r.label for r in runs})
+    assert labels == ["grpo-lr5e-05", "ppo-lr5e-05", "starpo-s-lr1e-05", "starpo-s-lr2e-05", "starpo-s-lr5e-05",
+                      "starpo-s-lr5e-05-keep0.5", "starpo-s-lr5e-06"]
+    assert len(runs) == len(labels) * 3 == len(set(runs))  # StarPO-S at 5e-5 is in every experiment, trained once
+    command = next(r for r in runs if r.label == "ppo-lr5e-05").command(Path("root"))
+    assert command[:4] == ["ragen-trainer", "train", "--config", "ppo"] and "--filter_ratio" not in command
+    assert {"--max_new_tokens", "8", "--env_groups", "4", "--group_size", "8"} <= set(command)  # the main job's
+    assert sweep_bandit.plan(["keep-1.0"], [0])[0].command(Path("r"))[-2:] == ["--filter_ratio", "1"]
+
+
+def _fake_run(folder: Path, seed: int, val_end: float, steps: int = sweep_bandit.STEPS) -> None:
+    folder.mkdir(parents=True)
+    rows = [{"step": s, "success_rate": 0.5, "actions/format_error_rate": 0.0, "diversity/unique_reply_share": 0.1,
+             "policy/reply_entropy": 1.0, **({"val/success": 0.03} if s == 1 else {})} for s in range(1, steps + 1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    (folder / "summary.json").write_text(json.dumps({"steps": steps, "interrupted": False, "wall_seconds": 60,
+                                                     "final_validation": {"val/success": val_end}}))
+
+
+def test_the_report_lists_every_run_and_each_configuration_over_its_seeds(tmp_path):
+    runs = sweep_bandit.plan(["lr"], [0, 1])
+    for run, end in zip(runs, (0.0, 0.5, 1.0, 1.0, 1.0, 0.5, 0.9, 0.95)):
+        if run.label != "starpo-s-lr2e-05" or run.seed == 0:  # one run unfinished
+            _fake_run(run.folder(tmp_path / "runs"), run.seed, end)
+    md, js = tmp_path / "bandit.md", tmp_path / "bandit.json"
+    sweep_bandit.report(runs, tmp_path / "runs", md, js, Console(file=open("/dev/null", "w")))
+    text = md.read_text()
+    assert "| starpo-s-lr5e-05 | 2 | 0.03 | 0.50 ± 0.71 | 0.00, 1.00 | 1 | 0.10 |" in text
+    assert "Not finished: starpo-s-lr2e-05/seed1" in text
+    assert len(json.loads(js.read_text())["runs"]) == 7
+
+
+def _job(tmp_path: Path, name: str, code: str) -> Job:
+    folder = tmp_path / name
+    marker = folder / "done"
+    return Job(name, folder, [[sys.executable, "-c", code.format(marker=str(marker))]], done=marker.is_file)
+
+
+def test_the_queue_runs_what_is_unfinished_and_counts_failures(tmp_path):
+    ok = _job(tmp_path, "ok", "open({marker!r}, 'w').write('1')")
+    bad = _job(tmp_path, "bad", "raise SystemExit(3)")
+    console = Console(file=open("/dev/null", "w"))
+    assert run_jobs([ok, bad], 2, console) == 1
+    assert ok.done() and not bad.done() and (tmp_path / "bad" / "train.log").is_file()
+    again = _job(tmp_path, "ok", "raise SystemExit('must not run: already done')")
+    assert run_jobs([again], 1, console) == 0  # finished runs are not trained again
+
+
+def test_a_job_runs_its_commands_in_order_and_stops_at_a_failure(tmp_path):
+    folder = tmp_path / "two"
+    log = folder / "order"
+    first = [sys.executable, "-c", f"open({str(log)!r}, 'a').write('warm-up ')"]
+    fail = [sys.executable, "-c", "raise SystemExit(1)"]
+    train = [sys.executable, "-c", f"open({str(log)!r}, 'a').write('train')"]
+    console = Console(file=open("/dev/null", "w"))
+    assert run_jobs([Job("two", folder, [first, train], done=partial(log.is_file))], 1, console) == 0
+    assert log.read_text() == "warm-up train"
+    log.unlink()
+    assert run_jobs([Job("two", folder, [fail, train], done=lambda: False)], 1, console) == 1
+    assert not log.exists()
+
+
+def test_multiturn_intervals():
+    lo, hi = learn_multiturn.wilson(0, 128)
+    assert lo == 0.0 and 0.02 < hi < 0.04
+    lo, hi = learn_multiturn.wilson(64, 128)
+    assert lo == pytest.approx(1 - hi) and 0.41 < lo < 0.42
+    lo, hi = learn_multiturn.gain_interval(0.1, 0.3, 128)
+    assert lo > 0 and hi < 0.35  # a gain of 0.2 on 128 states each is above 0
+    jobs = learn_multiturn.jobs(Path("r"), ["sokoban"], [0])
+    train = jobs[0].commands[1]
+    assert train[train.index("--val_envs") + 1] == "[ragen/SokobanLarge-v0, ragen/SokobanNewVocab-v0, ragen/FrozenLake-v0]"
