@@ -17,6 +17,7 @@ on every seed there); the rest is fixed here before any run, not tuned toward th
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -44,24 +45,35 @@ TRAIN_FIELDS: dict[str, str] = {
     "micro_batch_size": "8", "total_steps": str(STEPS), "val_every": str(VAL_EVERY), "val_groups": str(VAL_GROUPS),
     "save_steps": "5", "save_total_limit": "1",
 }
+#: Variants of the search (``--variant``), each a change to :data:`TRAIN_FIELDS`, trained into
+#: ``<out>/<env>-<variant>/seed<N>``: ``base`` is the configuration above; ``keep1`` keeps every group (no variance
+#: filter: 32 trajectories and four updates a step instead of 8 and one), the largest change in how much signal a step
+#: carries at the same learning rate.
+VARIANTS: dict[str, dict[str, str]] = {"base": {}, "keep1": {"filter_ratio": "1.0"}}
 #: The warm-up (docs/reproduction.md's CPU scale).
 WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
 
 
-def jobs(root: Path, envs: list[str], seeds: list[int]) -> list[Job]:
+def run_folder(root: Path, env: str, seed: int, variant: str = "base") -> Path:
+    """Where a run trains: ``<root>/<env>/seed<N>`` for the base configuration, ``<root>/<env>-<variant>/...``."""
+    return root / (env if variant == "base" else f"{env}-{variant}") / f"seed{seed}"
+
+
+def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -> list[Job]:
     out = []
+    fields = {**TRAIN_FIELDS, **VARIANTS[variant]}
     for env in envs:
         env_id, splits = ENVS[env]
         for seed in seeds:
-            folder = root / env / f"seed{seed}"
+            folder = run_folder(root, env, seed, variant)
             warm = root / "warmup" / f"{env}-seed{seed}"
             warmup = [sys.executable, "-m", "ragen_trainer.warmup", "--env", env_id, "--seed", str(seed),
                       "--out", str(warm)] + [a for k, v in WARMUP_FIELDS.items() for a in (f"--{k}", v)]
             train = ["ragen-trainer", "train", "--config", "starpo-s", "--env", env_id, "--model", str(warm),
                      "--seed", str(seed), "--output_dir", str(folder), "--report_to", "[console, jsonl]",
                      "--val_envs", "[" + ", ".join(splits) + "]"]
-            train += [a for k, v in TRAIN_FIELDS.items() for a in (f"--{k}", v)]
-            out.append(Job(f"{env}/seed{seed}", folder, [warmup, train], done=partial(run_finished, folder, STEPS)))
+            train += [a for k, v in fields.items() for a in (f"--{k}", v)]
+            out.append(Job(f"{folder.parent.name}/seed{seed}", folder, [warmup, train], done=partial(run_finished, folder, STEPS)))
     return out
 
 
@@ -97,31 +109,30 @@ def validations(folder: Path) -> dict[int, dict[str, float]]:
     return out
 
 
-def report(root: Path, envs: list[str], seeds: list[int], out_md: Path) -> str:
-    lines = [("| env | seed | split | steps | minutes | success at step 0 (95 % CI) | success at the end (95 % CI) | "
-              "gain (95 % CI) |"), "|---|---:|---|---:|---:|---:|---:|---:|"]
-    for env in envs:
-        for seed in seeds:
-            folder = root / env / f"seed{seed}"
-            vals = validations(folder)
-            if not vals:
-                lines.append(f"| {env} | {seed} | - | 0 | - | not run | - | - |")
+def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants: tuple[str, ...] = ("base",)) -> str:
+    lines = [("| env | variant | seed | split | steps | minutes | success at step 0 (95 % CI) | success at the end "
+              "(95 % CI) | gain (95 % CI) |"), "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for env, variant, seed in itertools.product(envs, variants, seeds):
+        folder = run_folder(root, env, seed, variant)
+        vals = validations(folder)
+        if not vals:
+            lines.append(f"| {env} | {variant} | {seed} | - | 0 | - | not run | - | - |")
+            continue
+        first, last = min(vals), max(vals)
+        try:
+            minutes = json.loads((folder / "summary.json").read_text())["wall_seconds"] / 60
+        except (OSError, ValueError, KeyError, TypeError):
+            minutes = float("nan")
+        for key in sorted(vals[first]):
+            if key not in vals[last]:
                 continue
-            first, last = min(vals), max(vals)
-            try:
-                minutes = json.loads((folder / "summary.json").read_text())["wall_seconds"] / 60
-            except (OSError, ValueError, KeyError, TypeError):
-                minutes = float("nan")
-            for key in sorted(vals[first]):
-                if key not in vals[last]:
-                    continue
-                a, b = vals[first][key], vals[last][key]
-                lo_a, hi_a = wilson(a * VAL_GROUPS, VAL_GROUPS)
-                lo_b, hi_b = wilson(b * VAL_GROUPS, VAL_GROUPS)
-                g_lo, g_hi = gain_interval(a, b, VAL_GROUPS)
-                split = key[len("val/"):-len("success")].strip("/") or env
-                lines.append(f"| {env} | {seed} | {split} | {last} | {minutes:.0f} | {a:.3f} ({lo_a:.2f}-{hi_a:.2f}) "
-                             f"| {b:.3f} ({lo_b:.2f}-{hi_b:.2f}) | {b - a:+.3f} ({g_lo:+.2f} to {g_hi:+.2f}) |")
+            a, b = vals[first][key], vals[last][key]
+            lo_a, hi_a = wilson(a * VAL_GROUPS, VAL_GROUPS)
+            lo_b, hi_b = wilson(b * VAL_GROUPS, VAL_GROUPS)
+            g_lo, g_hi = gain_interval(a, b, VAL_GROUPS)
+            split = key[len("val/"):-len("success")].strip("/") or env
+            lines.append(f"| {env} | {variant} | {seed} | {split} | {last} | {minutes:.0f} | {a:.3f} ({lo_a:.2f}-{hi_a:.2f}) "
+                         f"| {b:.3f} ({lo_b:.2f}-{hi_b:.2f}) | {b - a:+.3f} ({g_lo:+.2f} to {g_hi:+.2f}) |")
     text = "\n".join(lines) + "\n"
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text(text, encoding="utf-8")
@@ -131,17 +142,19 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = queue_parser(__doc__.split("\n\n")[0], out="runs/multiturn", seeds=SEEDS, md="docs/learning/multiturn.md")
     parser.add_argument("--envs", nargs="+", choices=list(ENVS), default=list(ENVS))
+    parser.add_argument("--variant", choices=list(VARIANTS), default="base",
+                        help="the configuration trained (run and list); report lists every variant")
     args = parse_queue_args(parser, argv)
     console = Console()
     root = Path(args.out)
-    queue = jobs(root, args.envs, args.seeds)
+    queue = jobs(root, args.envs, args.seeds, args.variant)
     if args.action == "list":
         for job in queue:
             for command in job.commands:
                 console.print(" ".join(command), soft_wrap=True, markup=False)
         return 0
     failed = run_jobs(queue, args.jobs, console) if args.action == "run" else 0
-    console.print(report(root, args.envs, args.seeds, Path(args.md)), markup=False)
+    console.print(report(root, args.envs, args.seeds, Path(args.md), tuple(VARIANTS)), markup=False)
     return 1 if failed else 0
 
 

@@ -85,7 +85,7 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "reward_placement": ("trajectory", "turn"),
     "group_randomness": ("shared", "independent"),
     "reply_tokens": ("cleaned", "sampled"),
-    "engine": ("hf", "hf-generate", "vllm"),
+    "engine": ("auto", "hf", "hf-generate", "vllm"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "master_dtype": ("float32", "bfloat16"),
     "old_logprob_pass": ("auto", "always"),
@@ -191,10 +191,12 @@ class StarPOConfig:
     temperature: float = _f(1.0, "Sampling temperature of training rollouts (log-probs are taken at it too).")
     top_p: float = _f(1.0, "Nucleus sampling of training rollouts.")
     generation_batch_size: int = _f(32, "Rows the hf engine decodes together (memory vs. speed).")
-    engine: str = _f("hf", "Generation engine: hf (the trained model, in process: KV cache kept across turns, continuous "
-        "batching), hf-generate (model.generate from scratch every turn, the plain baseline) or vllm (vLLM, given the "
-        "policy's weights before every rollout: inside this process without engine_url, else the server there).")
-    engine_url: str = _f("", "Base URL of a vLLM server for engine=vllm (e.g. http://127.0.0.1:8000, started with "
+    engine: str = _f("auto", "Generation engine: auto (the faster one measured for the machine: hf on a CPU, vllm on a GPU "
+        "where vLLM is installed or with engine_url, else hf; printed at the start), hf (the trained model, in process: "
+        "KV cache kept across turns, continuous batching), hf-generate (model.generate from scratch every turn, the "
+        "plain baseline) or vllm (vLLM, given the policy's weights before every rollout: inside this process without "
+        "engine_url, else the server there).")
+    engine_url: str = _f("", "Base URL of a vLLM server for engine=vllm or auto (e.g. http://127.0.0.1:8000, started with "
         "VLLM_SERVER_DEV_MODE=1); empty: vLLM runs in the trainer's process. Unused by hf.")
     allow_remote_engine: bool = _f(
         False,
@@ -510,7 +512,7 @@ class StarPOConfig:
             _check(self.opponent_snapshot_every >= 1, "opponent_snapshot_every", self.opponent_snapshot_every,
                    "an int >= 1 (steps between snapshots of the policy)")
             _check(self.opponent_pool_size >= 1, "opponent_pool_size", self.opponent_pool_size, "an int >= 1")
-        if self.engine == "vllm" and self.engine_url:
+        if self.engine in ("vllm", "auto") and self.engine_url:
             _check(self.engine_url.startswith(("http://", "https://")), "engine_url", self.engine_url,
                    "an http(s) URL of a vLLM server (VLLM_SERVER_DEV_MODE=1), or empty for vLLM in this process")
             try:

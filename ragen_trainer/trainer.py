@@ -94,7 +94,7 @@ from ragen_trainer.distributed import (
     zero_stage,
 )
 from ragen_trainer.engines.base import SamplingParams
-from ragen_trainer.engines.factory import make_training_engine
+from ragen_trainer.engines.factory import make_training_engine, training_engine_choice
 from ragen_trainer.host_memory import peak_rss_bytes, return_freed_memory
 from ragen_trainer.fileio import atomic_write_json
 from ragen_trainer.filtering import filter_groups
@@ -272,6 +272,9 @@ class StarPOTrainer:
 
         if engine is None:
             engine = make_training_engine(cfg, self.policy, tokenizer)
+            if self.is_main_process:
+                name, why = training_engine_choice(cfg, self.policy)
+                console_line(f"generation engine: {name} ({why})")
         self.engine = engine
 
         self.history: list[dict[str, float]] = []

@@ -20,6 +20,7 @@ from typing import Any
 
 from ragen_trainer.config import VLLM_WEIGHTS_DIR, StarPOConfig
 from ragen_trainer.engines.base import GenerationEngine
+from ragen_trainer.engines.choice import choose_engine
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.hf_generate import GenerateEngine
 from ragen_trainer.engines.vllm import VLLMEngine
@@ -27,17 +28,25 @@ from ragen_trainer.models import base_model_source
 from ragen_trainer.precision import compute_dtype
 
 
+def training_engine_choice(config: StarPOConfig, model: Any) -> tuple[str, str]:
+    """The engine ``config.engine`` resolves to for the policy ``model`` (``auto``: :mod:`~ragen_trainer.engines.choice`'s
+    rule), and why."""
+    return choose_engine(config.engine, next(iter(model.parameters())).device, engine_url=config.engine_url)
+
+
 def make_training_engine(config: StarPOConfig, model: Any, tokenizer: Any) -> GenerationEngine:
-    """The generation engine ``config.engine`` names, for the policy ``model`` and its ``tokenizer``.
+    """The generation engine ``config.engine`` names (``auto`` resolved by :func:`training_engine_choice`), for the
+    policy ``model`` and its ``tokenizer``.
 
     The caller must call ``engine.update_weights(policy)`` before every rollout (the policy without its critic, its
     float32 master weights; a peft model is merged for the push by the vLLM engine). For ``hf`` that is a no-op, for
     ``vllm`` it is what keeps the rollouts on-policy."""
-    if config.engine in ("hf", "hf-generate"):
-        engine_cls = GenerateEngine if config.engine == "hf-generate" else HFEngine
+    name, _ = training_engine_choice(config, model)
+    if name in ("hf", "hf-generate"):
+        engine_cls = GenerateEngine if name == "hf-generate" else HFEngine
         return engine_cls(model, tokenizer, batch_size=config.generation_batch_size)
-    if config.engine != "vllm":
-        raise ValueError(f"invalid config field engine={config.engine!r}: expected hf, hf-generate or vllm")
+    if name != "vllm":
+        raise ValueError(f"invalid config field engine={config.engine!r}: expected auto, hf, hf-generate or vllm")
     if config.engine_url:
         return VLLMEngine(
             config.model,

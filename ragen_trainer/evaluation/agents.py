@@ -18,6 +18,7 @@ Interface: an agent gets one :class:`TurnContext` per live episode and returns o
 from __future__ import annotations
 
 import math
+import sys
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +40,7 @@ from ragen_trainer import (
 )
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.base import BatchSession
+from ragen_trainer.engines.choice import AUTO, choose_engine
 from ragen_trainer.evaluation.metrics import env_family
 from ragen_trainer.evaluation.suites import DEFAULT_DECODING
 from ragen_trainer.rollout import TokenAgent, check_prefix_supported
@@ -313,7 +315,7 @@ REFERENCE_AGENTS: dict[str, Callable[..., Agent]] = {"random": RandomAgent, "ora
 
 
 # ------------------------------------------------------------------------------------------------------ model
-ENGINES: tuple[str, ...] = ("hf", "hf-generate", "vllm", "openai")
+ENGINES: tuple[str, ...] = ("auto", "hf", "hf-generate", "vllm", "openai")
 
 
 def hash_model_files(source: str | None) -> str | None:
@@ -441,7 +443,7 @@ class ModelAgent(Agent):
         cls,
         model: str | None = None,
         *,
-        engine: str = "hf",
+        engine: str = AUTO,
         name: str | None = None,
         batch_size: int = 16,
         device: str = "auto",
@@ -452,8 +454,8 @@ class ModelAgent(Agent):
         prepend: str | None = None,
     ) -> ModelAgent:
         """Load ``model`` (HF id, local folder, ``ragen-trainer train`` checkpoint; ``None``: the bundled SmolLM2)
-        and wrap it in ``engine`` (``"hf"``, ``"hf-generate"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible
-        ``base_url``).
+        and wrap it in ``engine`` (``"auto"``: :func:`~ragen_trainer.engines.choice.choose_engine` for ``device``,
+        printed; ``"hf"``, ``"hf-generate"``, ``"vllm"``, or ``"openai"`` for an OpenAI-compatible ``base_url``).
 
         With ``"openai"``, ``model`` is the served model's name; when that is a local folder (``transformers serve``
         and ``vllm serve`` name a model by the path they load) the prefix its chat template pre-writes is read from it
@@ -464,6 +466,12 @@ class ModelAgent(Agent):
 
         if engine not in ENGINES:
             raise ValueError(f"invalid argument engine={engine!r}: expected one of {ENGINES}")
+        if engine == AUTO:
+            import torch  # lazily, as below: the reference agents need no torch
+
+            where = device if device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+            engine, why = choose_engine(AUTO, str(where).split(":")[0])
+            print(f"generation engine: {engine} ({why})", file=sys.stderr, flush=True)
         if prepend is not None and engine != "openai":
             raise ValueError(f"invalid argument prepend={prepend!r}: only with engine='openai' (the {engine} engine "
                              "adds the protocol's generation prefix itself)")

@@ -63,8 +63,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--model", default=None,
                         help="Hugging Face id, local folder or ragen-trainer checkpoint folder (default: the bundled "
                              "SmolLM2-135M-Instruct); with --engine openai, the served model's name")  # fmt: skip
-    parser.add_argument("--engine", choices=("hf", "hf-generate", "vllm", "openai"), default="hf",
-                        help="generation engine for --agent model (default hf)")  # fmt: skip
+    parser.add_argument("--engine", choices=("auto", "hf", "hf-generate", "vllm", "openai"), default="auto",
+                        help="generation engine for --agent model (default auto: hf on a CPU, vllm on a GPU where "
+                             "vLLM is installed, else hf; the choice is printed)")  # fmt: skip
     parser.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint (with --engine openai)")
     parser.add_argument("--prepend", default=None, metavar="TEXT",
                         help="with --engine openai: put TEXT before every reply, for a server that renders a ragen "

@@ -52,15 +52,6 @@ def test_a_micro_batch_must_divide_the_step(capsys):
     assert "expected a divisor of groups x group size = 32" in capsys.readouterr().err
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiny-model")
-    tokenizer = build_tiny_tokenizer()
-    build_tiny_model(tokenizer, hidden_size=32, num_layers=2).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return str(folder)
-
-
 def test_bfloat16_is_autocast_over_float32_weights(tmp_path):
     settings = bench_step.Settings(dtype="bfloat16")
     cfg = bench_step.ragen_config(_work("bandit-grpo"), settings, str(tmp_path))

@@ -89,3 +89,14 @@ def test_multiturn_intervals():
     jobs = learn_multiturn.jobs(Path("r"), ["sokoban"], [0])
     train = jobs[0].commands[1]
     assert train[train.index("--val_envs") + 1] == "[ragen/SokobanLarge-v0, ragen/SokobanNewVocab-v0, ragen/FrozenLake-v0]"
+
+
+def test_multiturn_variants_train_into_folders_of_their_own(tmp_path):
+    base, keep1 = (learn_multiturn.jobs(tmp_path, ["frozenlake"], [1], v)[0] for v in ("base", "keep1"))
+    assert base.folder == tmp_path / "frozenlake" / "seed1" and keep1.folder == tmp_path / "frozenlake-keep1" / "seed1"
+    assert "--filter_ratio" not in base.commands[1]
+    train = keep1.commands[1]
+    assert train[train.index("--filter_ratio") + 1] == "1.0"
+    assert base.commands[0] == keep1.commands[0]  # one warm-up per env and seed, shared
+    table = learn_multiturn.report(tmp_path, ["frozenlake"], [1], tmp_path / "r.md", ("base", "keep1"))
+    assert "| frozenlake | keep1 | 1 | - | 0 | - | not run |" in table

@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 from ragen_envs.driver import AgentReply, rollout_jobs
 from ragen_trainer.engines.base import GenerationRequest, SamplingParams, stop_string_end
 from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.engines.hf.cache import common_prefix
+from ragen_trainer.engines.hf.scheduler import MIN_SHARED_PREFIX
 from ragen_trainer.engines.hf_generate import GenerateEngine
 from ragen_trainer.rollout import collect_rollouts
 
@@ -320,10 +322,48 @@ def test_models_that_do_not_call_the_attention_interface_are_refused(tiny_model,
 
 
 # ------------------------------------------------------------------------------------------------ packed prefill
+def test_distinct_prompts_share_the_encoding_of_their_common_head(tiny_model, tiny_tokenizer):
+    # Distinct states of one env: the chat template's system head and the rules are the same, the board differs.
+    rules = "You are on a frozen lake. Reach the goal G without falling into a hole O. Answer Left, Right, Up, Down."
+    boards = ["_ _ P O", "P _ _ O", "_ O P _", "O _ _ P"]
+    prompts = [_prompt(tiny_tokenizer, f"{rules}\nState:\n{board}") for board in boards]
+    head = min(common_prefix(prompts[0], p) for p in prompts[1:])
+    assert head >= MIN_SHARED_PREFIX
+    params = SamplingParams(temperature=0, max_new_tokens=1)
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=2)  # two rows: the last two are admitted later
+    with engine.session(params) as session:
+        for key, prompt in enumerate(prompts):
+            session.submit(GenerationRequest(key=key, prompt=prompt))
+        results = {}
+        while session.busy:
+            results.update(session.step())
+    # The head is encoded once (by the first admission) and reused by all four prompts, the later two included.
+    assert engine.stats["prefill_tokens"] == head + sum(len(p) - head for p in prompts)
+    assert engine.stats["reused_tokens"] == 4 * head
+    for key, prompt in enumerate(prompts):
+        with torch.no_grad():
+            logits = tiny_model(torch.tensor([prompt])).logits[0, -1].float()
+        expected = torch.log_softmax(logits, -1)
+        assert results[key].token_ids == [int(expected.argmax())]
+        assert results[key].logprobs[0] == pytest.approx(float(expected.max()), abs=1e-4)
+
+
+def test_shared_prefixes_change_no_reply_of_a_multi_turn_rollout(tiny_model, tiny_tokenizer):
+    kwargs = dict(sampling=SamplingParams(temperature=0, max_new_tokens=12), progress=False)
+    runs = [collect_rollouts(HFEngine(tiny_model, tiny_tokenizer, batch_size=4, share_prefixes=share), tiny_tokenizer,
+                             "ragen/FrozenLake-v0", [0, 1, 2], 2, **kwargs) for share in (False, True)]  # fmt: skip
+    assert _signature(runs[0]) == _signature(runs[1])
+
+
+def test_shared_prefixes_are_a_checked_option(tiny_model, tiny_tokenizer):
+    with pytest.raises(ValueError, match="share_prefixes"):
+        HFEngine(tiny_model, tiny_tokenizer, share_prefixes="yes")
+
+
 def test_packed_prefill_gives_each_prompt_the_logits_of_its_own_forward_pass(tiny_model, tiny_tokenizer):
     # Prompts of different lengths, one with a parked prefix: encoded together, each must see only its own tokens.
     prompts = [_prompt(tiny_tokenizer, text) for text in ("a", "Turn 1:\nState:\n_ _ P O\nGo left or right?", "ok")]
-    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8)
+    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8, share_prefixes=False)  # shared heads: the next test
     params = SamplingParams(temperature=0, max_new_tokens=1)
     with engine.session(params) as session:
         session.submit(GenerationRequest(key="parked", prompt=prompts[0]))

@@ -47,7 +47,8 @@ def _result(result: Any) -> dict[str, Any]:
             "text": result.text}  # fmt: skip
 
 
-def _multi_turn(model: Any, tokenizer: Any, *, batch_size: int, max_parked_tokens: int) -> dict[str, Any]:
+def _multi_turn(model: Any, tokenizer: Any, *, batch_size: int, max_parked_tokens: int,
+                **engine_options: Any) -> dict[str, Any]:  # fmt: skip
     """Six episodes of three turns in one session, each next turn submitted as soon as its reply is back (the
     streaming driver's pattern): prompt + reply + the env's delta, except episode 2, whose reply is rewritten (its
     last two tokens replaced) so its next prompt departs from the parked cache; episode 5 is released after turn 1."""
@@ -57,7 +58,7 @@ def _multi_turn(model: Any, tokenizer: Any, *, batch_size: int, max_parked_token
     first = {0: long, 1: short, 2: medium, 3: short, 4: short, 5: medium}  # 1, 3, 4 share their first prompt
     delta = _prompt(tokenizer, "Reward: 0\nState:\n_ P _ O")[1:]
     params = SamplingParams(temperature=1.0, max_new_tokens=10, stop=("a",))
-    engine = HFEngine(model, tokenizer, batch_size=batch_size, max_parked_tokens=max_parked_tokens)
+    engine = HFEngine(model, tokenizer, batch_size=batch_size, max_parked_tokens=max_parked_tokens, **engine_options)
     replies: dict[str, list[dict[str, Any]]] = {str(key): [] for key in first}
     prompts = dict(first)
     with engine.session(params) as session:
@@ -93,17 +94,24 @@ def _one_shot(model: Any, tokenizer: Any, params: SamplingParams, **engine_kwarg
     return {"replies": [_result(r) for r in engine.generate(prompts, params)], "stats": dict(engine.stats)}
 
 
-def run_scenarios(model: Any, tokenizer: Any) -> dict[str, Any]:
+#: The engine as it was when the reference was recorded: every distinct prompt encoded in full (shared prefixes came
+#: later and change the work counters by design; their outputs are compared with these below).
+RECORDED = {"share_prefixes": False}
+
+
+def run_scenarios(model: Any, tokenizer: Any, **engine_options: Any) -> dict[str, Any]:
     """What the engine returns on every scenario, as JSON-able data."""
+    o = engine_options
     return {
-        "multi_turn": _multi_turn(model, tokenizer, batch_size=3, max_parked_tokens=65_536),
-        "multi_turn_small_budget": _multi_turn(model, tokenizer, batch_size=4, max_parked_tokens=120),
+        "multi_turn": _multi_turn(model, tokenizer, batch_size=3, max_parked_tokens=65_536, **o),
+        "multi_turn_small_budget": _multi_turn(model, tokenizer, batch_size=4, max_parked_tokens=120, **o),
         "filtered_sampling": _one_shot(
             model, tokenizer, SamplingParams(temperature=0.7, top_k=20, top_p=0.8, max_new_tokens=14, seed=5),
-            batch_size=2, prefill_tokens=16,
+            batch_size=2, prefill_tokens=16, **o,
         ),
-        "top_p_only": _one_shot(model, tokenizer, SamplingParams(temperature=1.3, top_p=0.5, max_new_tokens=9, seed=9)),
-        "greedy": _one_shot(model, tokenizer, SamplingParams(temperature=0, max_new_tokens=12), batch_size=4),
+        "top_p_only": _one_shot(model, tokenizer, SamplingParams(temperature=1.3, top_p=0.5, max_new_tokens=9, seed=9),
+                                **o),  # fmt: skip
+        "greedy": _one_shot(model, tokenizer, SamplingParams(temperature=0, max_new_tokens=12), batch_size=4, **o),
     }
 
 
@@ -138,7 +146,7 @@ def test_the_engine_gives_the_recorded_tokens_and_log_probs():
         "the tiny model or tokenizer is not the one the reference was recorded with (torch, transformers or tokenizers "
         "changed how they are built): re-record the reference with code known to be right (see the module docstring)"
     )
-    got = run_scenarios(model, tokenizer)
+    got = run_scenarios(model, tokenizer, **RECORDED)
     assert got.keys() == reference["scenarios"].keys()
     for name, expected in reference["scenarios"].items():
         assert _without_logprobs(got[name]) == _without_logprobs(expected), name
@@ -148,13 +156,31 @@ def test_the_engine_gives_the_recorded_tokens_and_log_probs():
     assert model.training  # the engine puts the live model back in training mode
 
 
+def test_shared_prefixes_give_the_recorded_replies_with_less_prefill():
+    # Every scenario's prompts share the chat template's system head: encoded once, the replies are the recorded ones
+    # (the keys of a prefix encoded on its own equal those of the full prompt up to float rounding).
+    tokenizer = build_tiny_tokenizer()
+    model = build_tiny_model(tokenizer)
+    reference = json.loads(REFERENCE.read_text())
+    got = run_scenarios(model, tokenizer, share_prefixes=True)
+    for name, expected in reference["scenarios"].items():
+        assert [r["tokens"] for r in _replies(got[name])] == [r["tokens"] for r in _replies(expected)], name
+        assert [r["text"] for r in _replies(got[name])] == [r["text"] for r in _replies(expected)], name
+        assert _logprobs(got[name]) == pytest.approx(_logprobs(expected), rel=0, abs=1e-4), name
+        stats, recorded = got[name]["stats"], expected["stats"]
+        assert stats["prefill_tokens"] < recorded["prefill_tokens"], name
+        # Every prompt token is either encoded or reused: the two together are the same work as before.
+        assert stats["prefill_tokens"] + stats["reused_tokens"] >= recorded["prefill_tokens"] + recorded["reused_tokens"]
+        assert stats["decode_steps"] == recorded["decode_steps"], name
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit(f"usage: python3 -m {__spec__.name if __spec__ else 'tests.trainer.test_hf_engine_reference'} --write")
     torch.set_num_threads(1)
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer)
-    data = {"fingerprint": fingerprint(model, tokenizer), "scenarios": run_scenarios(model, tokenizer)}
+    data = {"fingerprint": fingerprint(model, tokenizer), "scenarios": run_scenarios(model, tokenizer, **RECORDED)}
     REFERENCE.parent.mkdir(exist_ok=True)
     REFERENCE.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote {REFERENCE}: {', '.join(data['scenarios'])}")

@@ -52,7 +52,8 @@ def _run(tmp_path, tokenizer, name, *, dtype, master, lr, steps):
         trainer = StarPOTrainer(cfg.validate(), model, tokenizer,
                                 engine=ScriptedEngine(tokenizer, lambda p, c, r: _REPLIES[r % 4]))
     trainer.train()
-    after = {k: v.detach().float().clone() for k, v in trainer.policy.state_dict().items() if "ragen_critic" not in k}
+    after = {k: v.detach().float().cpu().clone()  # on the CPU, as `before`, wherever the run trained
+             for k, v in trainer.policy.state_dict().items() if "ragen_critic" not in k}
     return before, after, trainer
 
 

@@ -38,7 +38,7 @@ def read_metrics(path):
 
 
 def params_of(model):
-    return {k: v.detach().clone() for k, v in model.state_dict().items() if "ragen_critic" not in k}
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items() if "ragen_critic" not in k}
 
 
 def test_full_run_bandit_starpo_s_with_hf_engine(tmp_path, tiny_tokenizer):
@@ -260,7 +260,7 @@ def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny
     class Peek(TrainerCallback):
         def on_train_begin(self, trainer, step):
             seen["step"] = step
-            seen["weights"] = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+            seen["weights"] = {k: v.detach().cpu().clone() for k, v in trainer.policy.state_dict().items()}
 
     resumed.callbacks.append(Peek())
     result = resumed.train()

@@ -143,6 +143,10 @@ class BatchCache:
             self.lengths[target] = n
         self.lengths.pop()
 
+    def close_last_row(self) -> None:
+        """Drop the last row (a scratch row, such as a shared prefix's once taken)."""
+        self.lengths.pop()
+
     def begin_step(self) -> DecodeStep:
         """Start a decode step (room is made for every row's next column)."""
         self.reserve(max(self.lengths))

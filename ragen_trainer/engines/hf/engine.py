@@ -9,6 +9,7 @@ import numpy as np
 from ragen_envs.core import check_arg
 from ragen_trainer.engines.base import GenerationRequest, GenerationResult, ModelEngine, SamplingParams
 from ragen_trainer.engines.hf import transformers_api
+from ragen_trainer.engines.hf.packed_weights import can_pack
 from ragen_trainer.engines.hf.scheduler import HFSession
 
 
@@ -25,6 +26,12 @@ class HFEngine(ModelEngine):
             finishes beyond it is not parked (its episode re-encodes its next prompt in full).
         prefill_tokens: most new prompt tokens encoded together in one packed forward pass (memory vs. speed; a
             longer prompt runs alone).
+        pack_weights: multiply by MKL-packed copies of the linear weights while a session is open (the same floats,
+            faster on a CPU; a second copy of the weights in memory meanwhile); ``None``: when the model is float32
+            on a CPU and ``torch`` has MKL (:func:`~ragen_trainer.engines.hf.packed_weights.can_pack`).
+        share_prefixes: encode the common head of distinct prompts admitted together once (the system prompt and the
+            rules every state of an env starts with) and reuse it, as a parked cache is reused; ``False`` encodes
+            every distinct prompt in full.
     """
 
     supports_token_ids = True
@@ -40,6 +47,8 @@ class HFEngine(ModelEngine):
         compute_logprobs: bool = True,
         max_parked_tokens: int = 65_536,
         prefill_tokens: int = 16_384,
+        pack_weights: bool | None = None,
+        share_prefixes: bool = True,
     ) -> None:
         super().__init__(
             model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
@@ -56,6 +65,10 @@ class HFEngine(ModelEngine):
             isinstance(prefill_tokens, int) and prefill_tokens >= 1, "prefill_tokens", prefill_tokens, "an int >= 1"
         )
         self.prefill_tokens = prefill_tokens
+        check_arg(pack_weights in (None, True, False), "pack_weights", pack_weights, "True, False or None (auto)")
+        check_arg(isinstance(share_prefixes, bool), "share_prefixes", share_prefixes, "True or False")
+        self.share_prefixes = share_prefixes
+        self.pack_weights = can_pack(model) if pack_weights is None else bool(pack_weights and can_pack(model))
         #: Work done, for benchmarks and tests: tokens run through the model (prefill), tokens reused from a parked
         #: or shared cache, decode steps, rows decoded summed over steps, and the key columns decode attended to
         #: (rows x window of each segment) against those the rows hold (the rest is padding of shorter rows).

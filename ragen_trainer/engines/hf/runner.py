@@ -34,6 +34,7 @@ import torch
 
 from ragen_trainer.engines.hf import transformers_api
 from ragen_trainer.engines.hf.cache import BatchCache, DecodeStep, ParkedCache
+from ragen_trainer.engines.hf.packed_weights import PackedWeights
 from ragen_trainer.engines.hf.transformers_api import CacheLayer
 
 #: What one more attention call of a decode step costs, in (row, column) pairs attended: on CPU an SDPA call costs
@@ -108,6 +109,15 @@ class ModelRunner:
                 cache.fill_row(row, job.rows[0])
         return [out.logits[0, i, :] for i in range(len(jobs))]
 
+    def encode_prefix(self, cache: BatchCache, tokens: list[int]) -> ParkedCache:
+        """Encode ``tokens`` in a row of ``cache`` after the live ones (one must be free) and return their keys and
+        values as a cache any prompt starting with them can reuse; the row is closed again."""
+        self.prefill(cache, [PrefillJob(list(tokens), [None], None)])
+        row = len(cache.lengths) - 1
+        layers = cache.take_row(row)
+        cache.close_last_row()
+        return ParkedCache(list(tokens), layers)
+
     def decode(self, cache: BatchCache, last_tokens: list[int]) -> Any:
         """Run one token per row of ``cache`` (``last_tokens[r]`` for row ``r``), writing their keys and values at
         each row's next column; returns the logits ``[rows, vocab]``."""
@@ -134,25 +144,28 @@ class _Lease:
     sessions: int
     was_training: bool
     attention: str | None
+    packed: PackedWeights | None
 
 
 _leases: WeakKeyDictionary[Any, _Lease] = WeakKeyDictionary()
 
 
 class ModelLease:
-    """Holds ``model`` in sampling mode while a session uses it: eval mode (no dropout) and ragen's attention; the
-    last session to let go restores its train / eval mode and attention implementation. Sessions of several engines
-    may share one model (two seats of a self-play game)."""
+    """Holds ``model`` in sampling mode while a session uses it: eval mode (no dropout), ragen's attention and, with
+    ``pack_weights``, its linear layers' weights packed (:mod:`~ragen_trainer.engines.hf.packed_weights`); the last
+    session to let go restores its train / eval mode, attention implementation and layers. Sessions of several engines
+    may share one model (two seats of a self-play game); the first one's ``pack_weights`` holds for all."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, pack_weights: bool = False) -> None:
         self.model = model
         lease = _leases.get(model)
         if lease is None:
             transformers_api.register_attention(ragen_attention)
-            lease = _Lease(0, bool(model.training), transformers_api.attention_implementation(model))
+            lease = _Lease(0, bool(model.training), transformers_api.attention_implementation(model), None)
             model.eval()
             try:
                 transformers_api.set_attention_implementation(model, transformers_api.ATTENTION_NAME)
+                lease.packed = PackedWeights(model) if pack_weights else None
             except Exception:
                 transformers_api.set_attention_implementation(model, lease.attention)
                 model.train(lease.was_training)
@@ -170,6 +183,8 @@ class ModelLease:
         lease.sessions -= 1
         if lease.sessions == 0:
             del _leases[self.model]
+            if lease.packed is not None:
+                lease.packed.restore()
             transformers_api.set_attention_implementation(self.model, lease.attention)
             if lease.was_training:
                 self.model.train()

@@ -3,7 +3,8 @@
 It decides what runs when: waiting requests are admitted into free rows (up to the engine's ``batch_size``), their
 prompts encoded in packed passes of at most ``prefill_tokens`` new tokens, reusing what is cached (an episode's parked
 cache up to the first token where the prompt departs from it; one encoding for the requests of a step that share a
-prompt, a GRPO group's first turn); then every row decodes one token per :meth:`HFSession.step`. A row ends on a stop
+prompt, a GRPO group's first turn; one encoding of the common head of distinct prompts, the system prompt and the
+rules); then every row decodes one token per :meth:`HFSession.step`. A row ends on a stop
 token, a stop string or its token limit; it leaves at once (its cache parked for its episode's next turn) and a
 waiting request takes its place, so the batch stays full while episodes end at different turns and wait for their
 envs. The model passes are :class:`~ragen_trainer.engines.hf.runner.ModelRunner`'s, the storage
@@ -35,6 +36,12 @@ from ragen_trainer.engines.hf.sampler import Sampler, row_generator
 if TYPE_CHECKING:
     from ragen_trainer.engines.hf.engine import HFEngine
 
+#: Fewest leading tokens fresh prompts must share for their common prefix to be encoded once for all of them (below
+#: it, an extra pass and the copies cost about what they save).
+MIN_SHARED_PREFIX = 16
+#: Shared prefixes kept per session (an env's prompts share one; a mixed batch of envs, a few).
+MAX_SHARED_PREFIXES = 8
+
 
 @dataclass(eq=False)
 class _Row:
@@ -63,12 +70,13 @@ class HFSession(GenerationSession):
         self._waiting: list[GenerationRequest] = []
         self._rows: list[_Row] = []
         self._parked = ParkedCaches(engine.max_parked_tokens)
+        self._prefixes: list[ParkedCache] = []  # shared prefixes of fresh prompts, newest first
         self._cache: BatchCache | None = None
         self._stops = set(engine.stop_token_ids)
         self._stop_window = max((len(s) for s in params.stop), default=0) + 2  # tokens decoded to find a stop string
         self._sampler = Sampler(params, compute_logprobs=engine.compute_logprobs)
         self._runner = ModelRunner(engine.model, engine.stats)
-        self._lease = ModelLease(engine.model)
+        self._lease = ModelLease(engine.model, pack_weights=engine.pack_weights)
         self._closed = False
 
     # ---------------------------------------------------------------- the session interface
@@ -106,6 +114,7 @@ class HFSession(GenerationSession):
         if not self._closed:
             self._closed = True
             self._parked.clear()
+            self._prefixes.clear()
             self._rows.clear()
             self._waiting.clear()
             self._cache = None
@@ -115,12 +124,14 @@ class HFSession(GenerationSession):
     def _admit(self) -> list[tuple[Hashable, GenerationResult]]:
         free = self.engine.batch_size - len(self._rows)
         admitted, self._waiting = self._waiting[:free], self._waiting[free:]
-        jobs = self._prefill_jobs(admitted)
+        jobs, fresh = self._prefill_jobs(admitted)
         base = len(self._rows)
         logits = []
         if self._cache is None:
             self._cache = self._runner.new_cache(self.engine.batch_size)
         self._cache.reserve(max(len(job.prompt) for job in jobs))  # grown once for the step, not once per row
+        if self.engine.share_prefixes and fresh:
+            self._attach_shared_prefixes(fresh)
         for chunk in _chunks(jobs, self.engine.prefill_tokens):
             for job in chunk:  # the rows in the order the runner opens their cache rows
                 for request in job.requests:
@@ -129,9 +140,10 @@ class HFSession(GenerationSession):
                 logits += [job_logits] * len(job.requests)
         return self._advance(self._rows[base:], torch.stack(logits))
 
-    def _prefill_jobs(self, admitted: list[GenerationRequest]) -> list[PrefillJob]:
+    def _prefill_jobs(self, admitted: list[GenerationRequest]) -> tuple[list[PrefillJob], list[PrefillJob]]:
         """One prefill job per distinct prompt: requests with the same prompt and nothing parked share one encoding
-        (a group's first turn); a request whose prompt starts like its parked cache encodes only the rest."""
+        (a group's first turn); a request whose prompt starts like its parked cache encodes only the rest. Returns
+        the jobs and, among them, the *fresh* ones (nothing parked: candidates for a shared prefix)."""
         jobs: list[PrefillJob] = []
         shared: dict[tuple[int, ...], PrefillJob] = {}
         for request in admitted:
@@ -147,7 +159,44 @@ class HFSession(GenerationSession):
             else:
                 shared[tuple(prompt)] = PrefillJob(prompt, [request], None)
                 jobs.append(shared[tuple(prompt)])
-        return jobs
+        return jobs, list(shared.values())
+
+    def _attach_shared_prefixes(self, fresh: list[PrefillJob]) -> None:
+        """Give each fresh job the longest shared prefix it starts with, encoding new prefixes first.
+
+        Distinct prompts of one env mostly differ only after a long common head (the system prompt and the rules:
+        165 of FrozenLake's ~240 first-turn tokens, 186 of Sokoban's ~270): fresh prompts admitted together that
+        share at least :data:`MIN_SHARED_PREFIX` leading tokens get their longest common prefix encoded once, kept
+        for the session (:data:`MAX_SHARED_PREFIXES` of them, newest first), and every prompt that starts with a kept
+        prefix reuses its keys as it would a parked cache (keys depend only on earlier tokens)."""
+        assert self._cache is not None
+        uncovered: dict[tuple[int, ...], list[PrefillJob]] = {}
+        for job in fresh:
+            if len(job.prompt) > MIN_SHARED_PREFIX and self._shared_prefix(job.prompt)[1] < MIN_SHARED_PREFIX:
+                uncovered.setdefault(tuple(job.prompt[:MIN_SHARED_PREFIX]), []).append(job)
+        for group in uncovered.values():
+            if len(group) < 2:
+                continue
+            first = group[0].prompt
+            # Every job keeps one token of its own to run (its logits come from the pass).
+            length = min(min(common_prefix(first, job.prompt) for job in group[1:]),
+                         min(len(job.prompt) for job in group) - 1)  # fmt: skip
+            if length >= MIN_SHARED_PREFIX:
+                self._prefixes.insert(0, self._runner.encode_prefix(self._cache, first[:length]))
+                del self._prefixes[MAX_SHARED_PREFIXES:]
+        for job in fresh:
+            prefix, length = self._shared_prefix(job.prompt)
+            if prefix is not None and length >= MIN_SHARED_PREFIX:
+                job.parked = ParkedCache(prefix.tokens[:length], prefix.layers)
+
+    def _shared_prefix(self, prompt: list[int]) -> tuple[ParkedCache | None, int]:
+        """The kept shared prefix ``prompt`` starts with the most of, and how many tokens of it."""
+        best: tuple[ParkedCache | None, int] = (None, 0)
+        for prefix in self._prefixes:
+            length = common_prefix(prompt, prefix.tokens)
+            if length > best[1]:
+                best = (prefix, length)
+        return best
 
     def _new_row(self, request: GenerationRequest, prompt: list[int]) -> _Row:
         limit = self.params.max_new_tokens
