@@ -102,7 +102,8 @@ def validations(folder: Path) -> dict[int, dict[str, float]]:
             out[int(row["step"]) - 1] = val
     try:
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
-        if isinstance(summary, dict) and isinstance(summary.get("final_validation"), dict):
+        # An interrupted run's summary has no final validation (an empty mapping): its last is the last logged one.
+        if isinstance(summary, dict) and isinstance(summary.get("final_validation"), dict) and summary["final_validation"]:
             out[int(summary["steps"])] = {k: v for k, v in summary["final_validation"].items() if k.endswith("success")}
     except (OSError, ValueError, KeyError, TypeError):
         pass

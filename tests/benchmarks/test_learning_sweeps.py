@@ -100,3 +100,14 @@ def test_multiturn_variants_train_into_folders_of_their_own(tmp_path):
     assert base.commands[0] == keep1.commands[0]  # one warm-up per env and seed, shared
     table = learn_multiturn.report(tmp_path, ["frozenlake"], [1], tmp_path / "r.md", ("base", "keep1"))
     assert "| frozenlake | keep1 | 1 | - | 0 | - | not run |" in table
+
+
+def test_an_interrupted_multiturn_run_reports_its_last_validation(tmp_path):
+    folder = tmp_path / "frozenlake-keep1" / "seed0"
+    folder.mkdir(parents=True)
+    rows = [{"step": 1, "val/success": 0.2}, {"step": 11, "val/success": 0.25}, {"step": 12}]
+    (folder / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (folder / "summary.json").write_text(json.dumps({"steps": 12, "interrupted": True, "final_validation": {}}))
+    assert learn_multiturn.validations(folder) == {0: {"val/success": 0.2}, 10: {"val/success": 0.25}}
+    table = learn_multiturn.report(tmp_path, ["frozenlake"], [0], tmp_path / "r.md", ("keep1",))
+    assert "| frozenlake | keep1 | 0 | frozenlake | 10 |" in table
