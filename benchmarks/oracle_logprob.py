@@ -84,7 +84,7 @@ import gymnasium as gym
 import numpy as np
 
 import ragen_envs  # noqa: F401  (registers the ragen/* ids)
-from ragen_envs.driver import Episode, EpisodeJob
+from ragen_envs.driver import Episode, EpisodeJob, _start_episode  # the driver's own first turn
 from ragen_envs.frozen_lake import ACTIONS, reach_values, transition_model
 from ragen_envs.parsing import parse_reply
 from ragen_envs.protocol import TurnProtocol, find_protocol
@@ -105,16 +105,7 @@ TIE_TOLERANCE = 1e-9
 def first_turn_context(env: gym.Env, env_id: str, seed: int) -> Episode:
     """The :class:`~ragen_trainer.evaluation.agents.TurnContext` (a driver :class:`Episode`) of ``env``'s first turn
     after ``reset(seed=seed)``, built as ``ragen_envs.driver`` starts an episode (system + first user message)."""
-    episode = Episode(env_id=env_id, env_name=env_id, job=EpisodeJob(group_id=seed, seed=seed), env=env, messages=[],
-                      info={}, reset_info={})  # fmt: skip
-    observation, info = env.reset(seed=seed)
-    system = str(info.get("system_prompt") or "")
-    episode.messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": observation}
-    ]
-    episode.info = info
-    episode.reset_info = info
-    return episode
+    return _start_episode(env_id, env_id, EpisodeJob(group_id=seed, seed=seed), env, on_error="raise")
 
 
 def frozen_lake_optimal(ctx: Episode) -> tuple[list[str], list[float]]:
