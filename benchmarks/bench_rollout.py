@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.hf_generate import GenerateEngine
@@ -59,13 +60,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 #: Env id -> new tokens per reply (Bandit's 8: the one-turn measurement of the issue; 5-turn envs: room to think).
 DEFAULT_ENVS = {"ragen/Bandit-v0": 8, "ragen/FrozenLake-v0": 64, "ragen/Sokoban-v0": 64}
+#: A run's rollout settings with the replies-only mask: the "tokens" column counts the model's trained reply tokens.
+ROLLOUT = load_config().replace(loss_mask="replies").rollout_settings()
 
 
 def _collect(engine: Any, tokenizer: Any, env_id: str, args: argparse.Namespace, max_new_tokens: int,
              stop: bool) -> dict[str, Any]:  # fmt: skip
     sampling = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=args.seed)
     seeds = list(range(args.groups))
-    batch = collect_rollouts(engine, tokenizer, env_id, seeds, args.group_size, sampling=sampling,
+    batch = collect_rollouts(engine, tokenizer, env_id, seeds, args.group_size, settings=ROLLOUT, sampling=sampling,
                              env_kwargs={"protocol": {"stop_after_answer": stop}}, progress=True)  # fmt: skip
     trajs = batch.trajectories
     total = batch.timings["total"]

@@ -358,8 +358,7 @@ def run_trl(work: Workload, settings: Settings, tmp: str) -> list[dict[str, Any]
         seed=cfg.seed,
         dataloader_num_workers=0,
     )
-    rollout = RagenRollout(max_context_tokens=cfg.max_context_tokens, reply_tokens=cfg.reply_tokens) \
-        if multi_turn else None  # fmt: skip
+    rollout = RagenRollout(cfg.rollout_settings()) if multi_turn else None
     trainer = _timed_trainer_class()(model=model, reward_funcs=[env_reward], args=args, train_dataset=dataset,
                                      processing_class=tokenizer, rollout_func=rollout,
                                      filter_ratio=cfg.filter_ratio, filter_mode=cfg.filter_mode,

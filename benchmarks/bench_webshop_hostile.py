@@ -453,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc.kill()
 
     cols = ["sent", "2xx", "3xx", "4xx", "5xx", "closed", "hang"]
-    print(f"\nWebShop hostile-client benchmark: server from {args.root} (1 worker, 1,000 products, "
+    print(f"\nWebShop hostile-client benchmark: server from "
+          f"{'this checkout' if args.root.resolve() == ROOT else args.root} (1 worker, 1,000 products, "
           f"{' '.join(extra) or 'its built-in connection cap'}); attack {attack_len:.0f} s: {args.slow} slow clients "
           f"+ {args.fuzzers} fuzzing threads; hang = no answer and no close within {args.hang:g} s\n")  # fmt: skip
     print("| request kind | " + " | ".join(cols) + " |")

@@ -1,7 +1,8 @@
 """Model FLOPs of a training update, counted from what the model was given, and the machine's measured matmul peak.
 
-:class:`UpdateFlops` hooks a causal LM's ``forward`` and, for every call made with gradients on (the update's
-forward passes; scoring and generation run without them), counts what the call computes, forward and backward:
+:class:`UpdateFlops` hooks a causal LM's ``forward`` (and a separate value model's) and, for every call made with
+gradients on (the update's forward passes; scoring and generation run without them), counts what the call computes,
+forward and backward:
 
     FLOPs = 6 * N * T  +  12 * layers * d_attn * P  +  6 * d * V * H
 
@@ -12,8 +13,10 @@ forward passes; scoring and generation run without them), counts what the call c
   rows: a trajectory's own tokens attend to its group's prefix and causally to themselves); ``d_attn``: heads x head
   size. ``Q K^T`` and ``A V`` are ``2 * d_attn`` FLOPs per pair each, forward; the backward twice that.
 * ``H``: the positions whose logits the LM head computes, ``d x V`` (hidden size x vocabulary) each: ragen's only at
-  trained positions (:func:`ragen_trainer.critic.chunked_token_logprobs`); TRL's fused LM head on a CPU every position
-  of every row (``trl.trainer.utils.add_fused_lm_head`` scores only the labelled ones where Triton runs).
+  trained positions (:class:`ragen_trainer.critic.PolicyWithCritic` runs the model's forward with its LM head on no
+  position, then the head on the packed layout's ``select``, :func:`ragen_trainer.critic.chunked_token_logprobs`);
+  TRL's fused LM head on a CPU every position of every row (``trl.trainer.utils.add_fused_lm_head`` scores only the
+  labelled ones where Triton runs).
 * A separate value model (ragen's ``critic: value_model``) adds its own ``6 * N * T`` and attention on the same tokens.
 
 These are *model* FLOPs: work the model needs, not what the hardware executed. A padded batch's padding positions
@@ -97,18 +100,31 @@ def padded_pairs(attention_mask: torch.Tensor | None, batch: int, length: int) -
 
 def _lm_head_positions(kwargs: dict[str, Any], batch: int, length: int) -> int:
     """Positions the LM head computes in this call (see the module docstring)."""
-    if kwargs.get("values_only"):
-        return 0
-    mask = kwargs.get("logits_mask")
-    if mask is not None:  # ragen's policy forward: only the selected (trained) positions
-        return int(mask.sum())
+    keep = kwargs.get("logits_to_keep")
+    if isinstance(keep, torch.Tensor):  # positions by index
+        layout = kwargs.get(LAYOUT_KWARG)
+        if keep.numel() == 0 and isinstance(layout, PackedBatch):  # ragen's policy: its own head on the trained ones
+            return int(layout.select.sum())
+        return batch * keep.numel()
     if kwargs.get("fused_lm_head"):  # TRL's fused LM head
         labels = kwargs["labels"]
         if _trl_scores_labelled_only(labels.device):
             return int((labels[:, 1:] != -100).sum())
         return batch * (length - 1)
-    keep = kwargs.get("logits_to_keep") or 0
+    keep = keep or 0
     return batch * (keep if isinstance(keep, int) and keep > 0 else length)
+
+
+def _tokens_and_pairs(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int] | None:
+    """Token positions and attended pairs of a forward call with gradients on; ``None`` for a call not counted."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    if not torch.is_grad_enabled() or ids is None:
+        return None
+    batch, length = int(ids.shape[0]), int(ids.shape[1])
+    layout = kwargs.get(LAYOUT_KWARG)
+    pairs = packed_pairs(layout) if isinstance(layout, PackedBatch) else padded_pairs(
+        kwargs.get("attention_mask"), batch, length)
+    return batch * length, pairs
 
 
 def _trl_scores_labelled_only(device: torch.device) -> bool:
@@ -132,35 +148,32 @@ class UpdateFlops:
         if isinstance(critic, ValueModel):
             self.critic_dims = ModelDims.of(critic.backbone, _text_config(model), 0, module=critic)  # + value head
         self._model = model
-        self._handle = model.register_forward_pre_hook(self._count, with_kwargs=True)
+        self._handles = [model.register_forward_pre_hook(self._count, with_kwargs=True)]
+        if self.critic_dims is not None:  # a separate value model runs alone, on the policy's inputs
+            self._handles.append(critic.register_forward_pre_hook(self._count_critic, with_kwargs=True))
         self._reset()
 
     def _reset(self) -> None:
         self.calls = self.tokens = self.pairs = self.head_positions = self.flops = 0
 
     def _count(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        if not torch.is_grad_enabled():
+        shape = _tokens_and_pairs(args, kwargs)
+        if shape is None:
             return
+        tokens, pairs = shape
         ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is None:
-            return
-        batch, length = int(ids.shape[0]), int(ids.shape[1])
-        layout = kwargs.get(LAYOUT_KWARG)
-        if isinstance(layout, PackedBatch):
-            pairs = packed_pairs(layout)
-        else:
-            pairs = padded_pairs(kwargs.get("attention_mask"), batch, length)
-        tokens = batch * length
-        head = _lm_head_positions(kwargs, batch, length)
-        flops = self.dims.flops(tokens if not kwargs.get("values_only") else 0,
-                                pairs if not kwargs.get("values_only") else 0, head)
-        if self.critic_dims is not None and (kwargs.get("values_only") or kwargs.get("return_values")):
-            flops += self.critic_dims.flops(tokens, pairs, 0)
+        head = _lm_head_positions(kwargs, int(ids.shape[0]), int(ids.shape[1]))
         self.calls += 1
         self.tokens += tokens
         self.pairs += pairs
         self.head_positions += head
-        self.flops += flops
+        self.flops += self.dims.flops(tokens, pairs, head)
+
+    def _count_critic(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The value model's own backbone and head on the tokens the policy's call counted."""
+        shape = _tokens_and_pairs(args, kwargs)
+        if shape is not None:
+            self.flops += self.critic_dims.flops(*shape, 0)
 
     def take(self) -> dict[str, int]:
         """The counts since the last ``take``: ``calls``, ``tokens``, ``pairs``, ``head_positions``, ``flops``."""
@@ -170,7 +183,8 @@ class UpdateFlops:
         return out
 
     def close(self) -> None:
-        self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
 
 
 def matmul_peak(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:

@@ -723,11 +723,12 @@ def evaluate_splits(run: Run, cfg: Any, states: int) -> dict[str, float]:
     for split in run.splits:
         env_id, kwargs = SPLITS[split]
         split_cfg = cfg.replace(env_id=env_id, env_kwargs=kwargs, protocol=protocol)
+        # the run's own rollout settings, as its training validation plays them (one rollout per state: the
+        # group randomness and the loss mask do not change a success)
         batch = collect_rollouts(engine, tokenizer, env_id, [VAL_SEED_BASE + i for i in range(states)], 1,
-                                 env_kwargs=split_cfg.env_make_kwargs(),
+                                 settings=split_cfg.rollout_settings(), env_kwargs=split_cfg.env_make_kwargs(),
                                  sampling=SamplingParams(temperature=cfg.val_temperature, top_p=cfg.top_p,
-                                                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed),
-                                 max_context_tokens=cfg.max_context_tokens)  # fmt: skip
+                                                         max_new_tokens=cfg.max_new_tokens, seed=cfg.seed))  # fmt: skip
         out[split] = sum(t.success for t in batch.trajectories) / max(len(batch.trajectories), 1)
     atomic_write_json(cache, {**key, "success": out})
     return out

@@ -57,6 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's r
 
 import ragen_envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_trainer import models
+from ragen_trainer.checkpoints.layout import CHECKPOINT_MARKER, is_ragen_checkpoint
+from ragen_trainer.checkpoints.verify import checkpoint_problems
 from ragen_trainer.config import load_config
 from ragen_trainer.engines.local_server import serve_missing, transformers_serve
 from ragen_trainer.evaluation.agents import ModelAgent
@@ -142,14 +144,14 @@ def check_checkpoint(folder: Path) -> None:
     if not folder.is_dir():
         raise CheckpointError(f"{folder} is a file: expected a checkpoint folder written by `ragen-trainer train` "
                               "(its final/ or a checkpoint-N)")
-    if not models.is_ragen_checkpoint(folder):
-        raise CheckpointError(f"{folder} is not a ragen checkpoint: it needs {models.CHECKPOINT_MARKER} next to "
+    if not is_ragen_checkpoint(folder):
+        raise CheckpointError(f"{folder} is not a ragen checkpoint: it needs {CHECKPOINT_MARKER} next to "
                               "config.json (or adapter_config.json), as `ragen-trainer train` writes into final/ and "
                               "checkpoint-N")
     if not (folder / "ragen_config.yaml").is_file():
         raise CheckpointError(f"{folder} has no ragen_config.yaml: the run's config says which protocol and decoding "
                               "the model was trained with, and this check plays exactly those")
-    problems = models.checkpoint_problems(folder, training_state=False)
+    problems = checkpoint_problems(folder, training_state=False)
     if problems:
         raise CheckpointError(f"{folder} is damaged: " + "; ".join(problems))
 

@@ -59,7 +59,7 @@ pytest.importorskip("pytest_benchmark")
 
 import ragen_envs  # noqa: F401  (registers the ids)
 from ragen_trainer.config import load_config
-from ragen_trainer.critic import attach_critic, install_policy_forward
+from ragen_trainer.critic import PolicyWithCritic, attach_critic
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.packing import pack, use_packed_attention
@@ -91,7 +91,6 @@ def _model(tokenizer, hidden=256, layers=4, critic=None):
     model = build_tiny_model(tokenizer, hidden_size=hidden, num_layers=layers)
     if critic:
         attach_critic(model, critic)
-    install_policy_forward(model)
     use_packed_attention(model)
     return model
 
@@ -100,9 +99,11 @@ def _model(tokenizer, hidden=256, layers=4, critic=None):
 def bandit_batch(tokenizer):
     """8 Bandit rollouts of one initial state (one group: the prompt shared by all) from the random model."""
     model = _model(tokenizer)
-    env_kwargs = load_config("starpo-s").replace(env_id="ragen/Bandit-v0", enable_think=False).env_make_kwargs()
+    # the replies-only mask: the hot paths are timed on the model's own tokens
+    cfg = load_config("starpo-s").replace(env_id="ragen/Bandit-v0", enable_think=False, loss_mask="replies")
     engine = HFEngine(model, tokenizer, batch_size=16)
-    batch = collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0], 8, env_kwargs=env_kwargs,
+    batch = collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0], 8, settings=cfg.rollout_settings(),
+                             env_kwargs=cfg.env_make_kwargs(),
                              sampling=SamplingParams(temperature=1.0, max_new_tokens=16, seed=0))
     trajs = batch.trajectories
     return trajs, action_mask(trajs, max(len(t.input_ids) for t in trajs) - 1)
@@ -191,6 +192,7 @@ def run_paired(benchmark, ragen: Callable[[], object], reference: Callable[[], o
 def test_update_micro_batch(benchmark, tokenizer, bandit_batch):
     trajs, mask = bandit_batch
     model = _model(tokenizer)
+    policy = PolicyWithCritic(model)
     packed = pack(trajs, mask)
     ids, attn = padded_batch(trajs)
 
@@ -199,7 +201,7 @@ def test_update_micro_batch(benchmark, tokenizer, bandit_batch):
 
     def ragen():
         model.zero_grad(set_to_none=True)
-        backward(token_logprobs(model, packed, mask, temperature=1.0, entropy=True, values=False)[0])
+        backward(token_logprobs(policy, packed, mask, temperature=1.0, entropy=True, values=False)[0])
 
     def reference():
         model.zero_grad(set_to_none=True)
@@ -213,12 +215,13 @@ def test_update_micro_batch(benchmark, tokenizer, bandit_batch):
 def test_scoring_pass(benchmark, tokenizer, bandit_batch):
     trajs, mask = bandit_batch
     model = _model(tokenizer).eval()
+    policy = PolicyWithCritic(model)
     packed = pack(trajs, mask)
     ids, attn = padded_batch(trajs)
 
     @torch.no_grad()
     def ragen():
-        token_logprobs(model, packed, mask, temperature=1.0, entropy=False, values=False)
+        token_logprobs(policy, packed, mask, temperature=1.0, entropy=False, values=False)
 
     @torch.no_grad()
     def reference():

@@ -31,6 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragen_trainer.filtering import KEEP_RATIO_RANGE, valid_keep_ratio
+from ragen_trainer.settings import DEFAULT_MAX_CONTEXT_TOKENS, RolloutSettings
 
 ENV_ID = "ragen/FrozenLake-v0"
 
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=int, default=4, help="initial states per step (default: 4)")
     p.add_argument("--group-size", type=int, default=4, help="episodes per initial state, TRL's num_generations")
     p.add_argument("--max-new-tokens", type=int, default=64, help="most tokens per reply, per turn (default: 64)")
-    p.add_argument("--max-context-tokens", type=int, default=3600, help="most tokens of a whole episode")
+    p.add_argument("--max-context-tokens", type=int, default=DEFAULT_MAX_CONTEXT_TOKENS,
+                   help=f"most tokens of a whole episode (default: {DEFAULT_MAX_CONTEXT_TOKENS})")  # fmt: skip
     p.add_argument("--filter-ratio", type=float, default=0.5,
                    help="StarPO-S: fraction of groups kept by reward std (1.0: no filter; default 0.5)")  # fmt: skip
     p.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (default: 1e-6, ragen's)")
@@ -97,7 +99,10 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     model, tokenizer = load_model_and_tokenizer(args.model, device=device, dtype=args.dtype)
     # ragen's step seeds (ragen_trainer.trainer.step_seeds): step s plays seeds [base + s * groups, ...).
     seeds = [TRAIN_SEED_STRIDE * args.seed + i for i in range(args.max_steps * args.groups)]
-    dataset = initial_state_dataset(ENV_ID, seeds)
+    # TRL's way of training: the sampled ids with their log-probs, the env's messages masked out of the loss
+    settings = RolloutSettings(loss_mask="replies", reply_tokens="sampled", max_context_tokens=args.max_context_tokens,
+                               group_randomness="shared")
+    dataset = initial_state_dataset(ENV_ID, seeds, group_randomness=settings.group_randomness)
     total = args.groups * args.group_size
     micro = args.micro_batch or total
     bf16 = str(model.dtype) == "torch.bfloat16"
@@ -133,7 +138,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             args=config,
             train_dataset=dataset,
             processing_class=tokenizer,
-            rollout_func=RagenRollout(max_context_tokens=args.max_context_tokens),
+            rollout_func=RagenRollout(settings),
             filter_ratio=args.filter_ratio,
         )
         started = time.perf_counter()

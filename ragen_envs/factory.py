@@ -14,8 +14,7 @@ import gymnasium as gym
 from ragen_envs.core import BaseTextEnv, check_arg
 from ragen_envs.protocol import TurnProtocol
 from ragen_envs.rewards import wrap_rewards
-from ragen_envs.settings import ProtocolSettings, merge_settings, split_protocol_kwargs
-
+from ragen_envs.settings import ProtocolSettings, resolve_protocol, split_protocol_kwargs
 
 #: ``gymnasium.make`` keywords that only an id's registration sets: which class to build (imported by name) and its
 #: reference protocol. Data a user hands over (a config's or a suite's ``env_kwargs``) may not set them: a class path
@@ -56,7 +55,8 @@ def make_text_env(
     This is the entry point of every ``ragen/<Name>-v0`` id: ``gymnasium.make`` passes the id's registered
     ``reference_protocol`` and the caller's kwargs here. The caller sets protocol fields either as keywords
     (``actions_per_turn=2``) or in ``protocol`` (a dict of fields, or a whole :class:`ProtocolSettings` that replaces
-    the reference's); a field given both ways with different values is an error naming both. ``reward_wrappers``
+    the reference's); a field given both ways with different values is an error naming both
+    (:func:`~ragen_envs.settings.resolve_protocol`, the one resolution of every path). ``reward_wrappers``
     names wrappers of :mod:`ragen_envs.rewards` (a name, or ``{"name": ..., **kwargs}``); everything else goes to the
     env class.
     """
@@ -65,17 +65,10 @@ def make_text_env(
               "a ragen_envs.core.BaseTextEnv subclass ('package.module:ClassName')")
     if isinstance(reference_protocol, dict):
         reference_protocol = ProtocolSettings.from_dict(reference_protocol, where="reference_protocol")
-    base_settings = reference_protocol or ProtocolSettings()
-    keyword_fields = split_protocol_kwargs(kwargs)
-    if isinstance(protocol, ProtocolSettings) and not keyword_fields:
-        settings = protocol  # resolved by the caller (e.g. the trainer's config): played as it is, not merged again
-    else:
-        if isinstance(protocol, ProtocolSettings):
-            protocol = protocol.to_dict()  # every field of it is given; a differing keyword is then a conflict
-        check_arg(protocol is None or isinstance(protocol, dict), "protocol", protocol, "a dict or a ProtocolSettings")
-        settings = merge_settings(
-            base_settings, [("the protocol argument", protocol), ("gymnasium.make keywords", keyword_fields)]
-        )
+    check_arg(protocol is None or isinstance(protocol, (dict, ProtocolSettings)), "protocol", protocol,
+              "a dict or a ProtocolSettings")
+    settings = resolve_protocol(reference_protocol or ProtocolSettings(), protocol=protocol,
+                                keywords=split_protocol_kwargs(kwargs))
     env: gym.Env = TurnProtocol(cls(**kwargs), settings)
     if reward_wrappers:
         env = wrap_rewards(env, reward_wrappers)

@@ -200,6 +200,45 @@ def merge_settings(base: ProtocolSettings, sources: Iterable[tuple[str, Mapping[
     return base.updated({k: v for k, (_, v) in chosen.items()})
 
 
+#: What :func:`resolve_protocol` calls its sources in error messages unless told otherwise: ``gymnasium.make``'s own.
+MAKE_PLACES: tuple[str, str, str] = ("the protocol argument", "gymnasium.make keywords", "the protocol on top")
+
+
+def resolve_protocol(
+    base: ProtocolSettings,
+    *,
+    protocol: ProtocolSettings | Mapping[str, Any] | None = None,
+    keywords: Mapping[str, Any] | None = None,
+    on_top: ProtocolSettings | Mapping[str, Any] | None = None,
+    places: tuple[str, str, str] = MAKE_PLACES,
+) -> ProtocolSettings:
+    """The protocol an env plays: the one resolution behind ``gymnasium.make`` (:func:`ragen_envs.factory.
+    make_text_env`), the trainer config (``StarPOConfig.protocol_settings``) and TRL's datasets
+    (``ragen_trainer.trl_integration.resolve_env_settings``).
+
+    Sources, lowest first:
+
+    1. ``base``: the env id's registered reference settings;
+    2. ``protocol``: a mapping of fields, or a whole :class:`ProtocolSettings` (``gymnasium.make``'s ``protocol=``,
+       the config's ``protocol`` field, ``env_kwargs["protocol"]`` of a TRL dataset);
+    3. ``keywords``: protocol fields given one by one (``gymnasium.make(..., max_turns=3)``, a config's
+       ``env_kwargs``);
+    4. ``on_top``: a caller's own layer over those (``initial_state_dataset(protocol=...)``).
+
+    No source silently wins: a field given in two places with different values is a ``ValueError`` naming both
+    (:func:`merge_settings`, which names the sources by ``places``, one name each for 2, 3 and 4), so the order
+    only decides which place an error names first. A whole :class:`ProtocolSettings` given alone in 2 is already
+    resolved and is returned as it is, that very object (the trainer config resolves a run's protocol once and its
+    envs play it); with other sources beside it, every one of its fields counts as given there.
+    """
+    sources = (protocol, keywords, on_top)
+    if isinstance(protocol, ProtocolSettings) and not keywords and not on_top:
+        return protocol
+    given = [(place, value.to_dict() if isinstance(value, ProtocolSettings) else value)
+             for place, value in zip(places, sources)]  # fmt: skip
+    return merge_settings(base, given)
+
+
 def _check_fields(keys: Iterable[str], where: str) -> None:
     """A ``ValueError`` naming ``where`` when ``keys`` hold a name that is not a settings field."""
     unknown = sorted(set(keys) - set(FIELD_NAMES))
@@ -227,8 +266,10 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 __all__ = [
     "AUTO_PREFIX",
     "FIELD_NAMES",
+    "MAKE_PLACES",
     "PROMPT_LAYOUTS",
     "ProtocolSettings",
     "merge_settings",
+    "resolve_protocol",
     "split_protocol_kwargs",
 ]

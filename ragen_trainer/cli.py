@@ -22,19 +22,20 @@ import json
 import os
 import sys
 import threading
-from dataclasses import MISSING, fields
+from dataclasses import MISSING, Field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
 import ragen_envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_envs.settings import ProtocolSettings
+from ragen_trainer.checkpoints.folders import RunConflictError, check_output_folder
+from ragen_trainer.checkpoints.publish import CheckpointSaveError
 from ragen_trainer.config import (
     CHOICES,
+    CONFIG_GROUPS,
     PRESETS,
-    RunConflictError,
     StarPOConfig,
     apply_overrides,
-    check_output_folder,
     field_kinds,
     load_config,
     parse_overrides,
@@ -52,6 +53,11 @@ EXIT_USAGE = 2
 _FORCE_RESUME = "force"
 #: Most seconds the env check may take (WebShop starts its embedded server).
 ENV_CHECK_TIMEOUT = 120.0
+
+#: How ``--help`` names the value a flag takes, by the field's parsed type.
+_KIND_NAMES: dict[type, str] = {bool: "true/false", int: "int", float: "float", str: "text", list: "list",
+                                dict: "YAML mapping"}
+
 
 def _default_text(f: Any) -> str:
     if f.default is not MISSING:
@@ -73,38 +79,42 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--overwrite", action="store_true",
                         help="the output folder holds a run: delete that run's checkpoints, metrics and summary and "
                              "start over (the same as --resume false)")
-    group = parser.add_argument_group("config fields (every StarPOConfig field; see docs/training.md)")
     kinds = field_kinds()
-    kind_name = {bool: "true/false", int: "int", float: "float", str: "text", list: "list", dict: "YAML mapping"}
-    for f in fields(StarPOConfig):
-        kind = kinds[f.name]
-        extra = f"; one of {list(CHOICES[f.name])}" if f.name in CHOICES else ""
-        names = [f"--{f.name}"]
-        if "_" in f.name:
-            names.append(f"--{f.name.replace('_', '-')}")
-        if f.name == "resume":  # a bare --resume also says: continue even though the config changed
-            group.add_argument(*names, dest=f"field__{f.name}", default=None, nargs="?", const=_FORCE_RESUME,
-                               metavar="true/false",
-                               help="--resume alone: continue the run in output_dir even if its config differs "
-                                    "from this one (fields listed as a warning). --resume true (the default): continue "
-                                    "a run whose config matches, refuse a changed one. --resume false: start over, "
-                                    "like --overwrite.")
-            continue
-        # A list field takes its items as separate words, as HfArgumentParser does (--report_to jsonl tensorboard);
-        # one word is still read as YAML or comma-separated text (--report_to jsonl,tensorboard).
-        group.add_argument(*names, dest=f"field__{f.name}", default=None, metavar=kind_name.get(kind, "VALUE"),
-                           nargs="+" if kind is list else None,
-                           help=f"{f.metadata.get('help', '')} (default: {_default_text(f)}{extra})")
+    by_name = {f.name: f for f in fields(StarPOConfig)}
+    for banner, names in CONFIG_GROUPS.items():  # one group per part of the config, in the config's order
+        group = parser.add_argument_group(banner)
+        for name in names:
+            _add_field_argument(group, by_name[name], kinds[name])
     protocol = parser.add_argument_group(
         "turn-protocol settings (fields of the config's `protocol`; default: the env id's reference values)")
     protocol_hints = get_type_hints(ProtocolSettings)
     for f in fields(ProtocolSettings):
-        names = [f"--{f.name}"]
-        if "_" in f.name:
-            names.append(f"--{f.name.replace('_', '-')}")
-        protocol.add_argument(*names, dest=f"field__{f.name}", default=None,
-                              metavar=kind_name.get(protocol_hints[f.name], "VALUE"), help=f.metadata.get("help", ""))
+        protocol.add_argument(*_flag_names(f.name), dest=f"field__{f.name}", default=None,
+                              metavar=_KIND_NAMES.get(protocol_hints[f.name], "VALUE"), help=f.metadata.get("help", ""))
     return parser
+
+
+def _flag_names(name: str) -> list[str]:
+    """``--name``, and ``--name-with-dashes`` for a name with underscores (as HfArgumentParser accepts)."""
+    return [f"--{name}", f"--{name.replace('_', '-')}"] if "_" in name else [f"--{name}"]
+
+
+def _add_field_argument(group: argparse._ArgumentGroup, f: Field[Any], kind: type) -> None:
+    """The flag of config field ``f`` (parsed type ``kind``): its help and its default as ``--help`` shows them."""
+    if f.name == "resume":  # a bare --resume also says: continue even though the config changed
+        group.add_argument(*_flag_names(f.name), dest=f"field__{f.name}", default=None, nargs="?",
+                           const=_FORCE_RESUME, metavar="true/false",
+                           help="--resume alone: continue the run in output_dir even if its config differs "
+                                "from this one (fields listed as a warning). --resume true (the default): continue "
+                                "a run whose config matches, refuse a changed one. --resume false: start over, "
+                                "like --overwrite.")
+        return
+    extra = f"; one of {list(CHOICES[f.name])}" if f.name in CHOICES else ""
+    # A list field takes its items as separate words, as HfArgumentParser does (--report_to jsonl tensorboard);
+    # one word is still read as YAML or comma-separated text (--report_to jsonl,tensorboard).
+    group.add_argument(*_flag_names(f.name), dest=f"field__{f.name}", default=None,
+                       metavar=_KIND_NAMES.get(kind, "VALUE"), nargs="+" if kind is list else None,
+                       help=f"{f.metadata.get('help', '')} (default: {_default_text(f)}{extra})")
 
 
 def resolve_config(args: argparse.Namespace) -> StarPOConfig:
@@ -147,9 +157,10 @@ def preflight(cfg: StarPOConfig, *, force_resume: bool = False, overwrite: bool 
     naming the field and what it accepts. Takes a second or two (the env is built once; WebShop starts its server).
 
     Checked: the output folder (not a file, writable, and its run compatible: see
-    :func:`ragen_trainer.config.check_output_folder`), the model (:func:`ragen_trainer.models.check_model_source`),
-    ``deepspeed`` (an existing JSON file, the package installed), ``report_to`` and LoRA packages, ``dtype`` against
-    the hardware, and the env (``gymnasium.make(env_id, **env_make_kwargs)``, one ``reset``, ``close``).
+    :func:`ragen_trainer.checkpoints.folders.check_output_folder`), the model
+    (:func:`ragen_trainer.models.check_model_source`), ``deepspeed`` (an existing JSON file, the package installed),
+    ``report_to`` and LoRA packages, ``dtype`` against the hardware, and the env (``gymnasium.make(env_id,
+    **env_make_kwargs)``, one ``reset``, ``close``).
     """
     check_output_dir(cfg.output_dir)
     check_output_folder(cfg, force_resume=force_resume, overwrite=overwrite)
@@ -251,7 +262,7 @@ def train_from_config(cfg: StarPOConfig, *, force_resume: bool = False, overwrit
     # trainer (tests/test_layers.py allows it by name).
     from ragen_trainer.distributed import make_accelerator
     from ragen_trainer.precision import compute_dtype
-    from ragen_trainer.trainer import CheckpointSaveError, StarPOTrainer
+    from ragen_trainer.trainer import StarPOTrainer
 
     try:  # first: the processes' state (DDP, DeepSpeed, gloo on CPUs) is made once, and the model's device comes from it
         state = make_accelerator(cfg)
@@ -342,7 +353,9 @@ def build_parser() -> argparse.ArgumentParser:
                            usage="ragen-trainer train [--config PRESET|YAML] [--env ENV_ID] [--model MODEL] "
                                  "[--<field> VALUE ...] [--set FIELD=VALUE ...] [--resume | --overwrite] [--dry-run]",
                            description="Train with StarPO / StarPO-S. The output folder gets config.yaml, "
-                                       "metrics.jsonl, checkpoint-N/ (Hugging Face format), final/ and summary.json.")
+                                       "metrics.jsonl, checkpoint-N/ (Hugging Face format), final/ and summary.json. "
+                                       "Every StarPOConfig field is a flag, below in one group per part of the "
+                                       "config (see docs/training.md).")
     add_train_arguments(train)
     train.set_defaults(func=run_train)
     presets = sub.add_parser("presets", help="list the named configs")

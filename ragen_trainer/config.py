@@ -56,10 +56,11 @@ import yaml
 
 from ragen_envs import reference_settings
 from ragen_envs.core import check_arg
+from ragen_envs.driver import GROUP_RANDOMNESS
 from ragen_envs.factory import check_user_env_kwargs
 from ragen_envs.games import GAMES, OPPONENT_NAMES, game_of
 from ragen_envs.games.base import check_turn_budget_unchanged
-from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, resolve_protocol
 from ragen_trainer.fileio import atomic_write_text
 from ragen_trainer.filtering import (
     DEFAULT_FILTER_RATIO,
@@ -69,8 +70,14 @@ from ragen_trainer.filtering import (
     num_kept,
     valid_keep_ratio,
 )
-from ragen_trainer.models import list_checkpoints, read_checkpoint_info
 from ragen_trainer.safe_yaml import load_yaml, load_yaml_file
+from ragen_trainer.settings import (
+    DEFAULT_MAX_CONTEXT_TOKENS,
+    LOSS_MASKS,
+    REPLY_TOKENS,
+    LossSettings,
+    RolloutSettings,
+)
 
 #: Allowed values of the fields that take one of a few names.
 CHOICES: dict[str, tuple[Any, ...]] = {
@@ -80,11 +87,11 @@ CHOICES: dict[str, tuple[Any, ...]] = {
     "filter_round": FILTER_ROUNDING,
     "kl_estimator": ("k1", "k3"),
     "loss_agg_mode": ("micro-token-mean", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum"),
-    "loss_mask": ("after_system", "replies"),
+    "loss_mask": LOSS_MASKS,
     "reference": ("paper", "latest"),
     "reward_placement": ("trajectory", "turn"),
-    "group_randomness": ("shared", "independent"),
-    "reply_tokens": ("cleaned", "sampled"),
+    "group_randomness": GROUP_RANDOMNESS,
+    "reply_tokens": REPLY_TOKENS,
     "engine": ("auto", "hf", "hf-generate", "vllm"),
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "master_dtype": ("float32", "bfloat16"),
@@ -135,6 +142,9 @@ RESUME_SAFE_FIELDS: frozenset[str] = frozenset({
 })
 
 _MODULE_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+#: What the config's protocol sources are called in messages (:func:`ragen_envs.settings.resolve_protocol`; the third,
+#: a layer on top, the config does not have).
+_CONFIG_PLACES = ("config field protocol", "config field env_kwargs", "config")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -144,12 +154,40 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
 
+#: The parts of :class:`StarPOConfig`, in order: banner -> its fields, declared in the class in this order. The one
+#: record of which part a field belongs to: ``ragen-trainer train --help`` prints one group per banner, and a test
+#: checks that every field is in exactly one. A mapping here, not a ``metadata`` key of each field, because
+#: ``HfArgumentParser`` / ``TrlParser`` pass a field's whole ``metadata`` to ``argparse.add_argument``, which refuses
+#: keys it does not know.
+CONFIG_GROUPS: dict[str, tuple[str, ...]] = {
+    "experiment": ("preset", "reference", "env_id", "env_kwargs", "output_dir", "seed", "total_steps"),
+    "model": ("model", "dtype", "master_dtype", "lora_rank", "lora_alpha", "lora_target_modules"),
+    "rollout": ("env_groups", "group_size", "protocol", "max_new_tokens", "max_context_tokens", "temperature", "top_p",
+                "group_randomness", "reply_tokens"),
+    # how replies are generated, not what is sampled: these may change when a run resumes (RESUME_SAFE_FIELDS)
+    "generation engine": ("engine", "engine_url", "allow_remote_engine", "generation_batch_size"),
+    "self-play": ("opponent_pool", "opponent_snapshot_every", "opponent_pool_size"),
+    "advantage (paper Sec. 3 / 4)": ("adv_estimator", "gamma", "lam", "turn_gamma", "turn_lam", "grpo_norm_by_std",
+                                     "whiten_advantages", "reward_placement"),
+    "StarPO-S filtering (Sec. 4.1)": ("filter_ratio", "filter_mode", "filter_round"),
+    "losses": ("loss_mask", "clip_low", "clip_high", "clip_ratio_c", "kl_coef", "kl_estimator", "kl_reward_coef",
+               "entropy_coef", "loss_agg_mode", "loss_agg_micro_size", "value_clip", "value_loss_coef"),
+    "critic": ("critic", "critic_lr", "critic_max_grad_norm"),
+    "optimisation": ("actor_lr", "weight_decay", "warmup_steps", "lr_scheduler_type", "max_grad_norm",
+                     "ppo_mini_batch_size", "ppo_epochs"),
+    # the same computation spread over memory, time and processes: these may change when a run resumes too
+    "memory, speed, processes": ("micro_batch_size", "gradient_checkpointing", "release_freed_memory",
+                                 "old_logprob_pass", "share_prefixes", "deepspeed", "dist_timeout_minutes"),
+    "validation, logging, checkpoints": ("val_every", "val_groups", "val_temperature", "val_envs", "logging_steps",
+                                         "report_to", "save_steps", "save_total_limit", "resume"),
+}
+
+
 @dataclass
 class StarPOConfig:
     """All knobs of a StarPO / StarPO-S run. Defaults are StarPO-S as the paper's runs trained it (``reference:
-    paper``; see the module docstring)."""
+    paper``; see the module docstring). The fields are declared part by part, in :data:`CONFIG_GROUPS`' order."""
 
-    # ------------------------------------------------------------------ experiment
     preset: str = _f(
         "starpo-s",
         "The named preset this config starts from (PRESETS, docs/presets.md). Changing it (YAML `preset:`, "
@@ -167,16 +205,36 @@ class StarPOConfig:
         {}, "Extra keyword arguments for gymnasium.make (env and protocol kwargs, e.g. {size: 6}; on a command line "
         "as YAML or JSON text)."
     )
+    output_dir: str = _f("runs/starpo-s", "Folder for config.yaml, metrics.jsonl, checkpoints and summary.json.")
+    seed: int = _f(0, "Seed of the model init, sampling and the training initial states.")
+    total_steps: int = _f(200, "Training steps (one step = one rollout batch, then its PPO updates).")
+
     model: str = _f(
         "smollm2",
         "Model to train: 'smollm2' (the bundled SmolLM2-135M-Instruct GGUF), a local Hugging Face folder, or a hub "
         "id already in the local cache.",
     )
-    output_dir: str = _f("runs/starpo-s", "Folder for config.yaml, metrics.jsonl, checkpoints and summary.json.")
-    seed: int = _f(0, "Seed of the model init, sampling and the training initial states.")
-    total_steps: int = _f(200, "Training steps (one step = one rollout batch, then its PPO updates).")
+    dtype: str = _f(
+        "auto",
+        "Compute dtype of the training and scoring passes (torch.autocast, or the distributed engine's own mixed "
+        "precision): auto (bfloat16 on a GPU that supports it, as the reference; float32 elsewhere), float32, "
+        "bfloat16 (on a CPU with AVX-512 BF16 or AMX, or a GPU) or float16 (GPU only). The weights and the optimizer "
+        "state are stored in master_dtype.",
+    )
+    master_dtype: str = _f(
+        "float32",
+        "Stored dtype of the trained weights and the optimizer state (what checkpoints hold): float32 (the "
+        "reference's fp32 master weights) or bfloat16 (pure bf16: half the memory, but updates smaller than a "
+        "bf16 spacing are rounded away; at actor_lr 1e-6 most weights never move, and validation warns).",
+    )
+    lora_rank: int = _f(
+        0,
+        "0 = full fine-tuning; > 0 trains a LoRA adapter of this rank through peft (the reference: 64, with actor_lr "
+        "1e-5 and critic_lr 1e-4). Checkpoints are then adapter folders that load on the base model.",
+    )
+    lora_alpha: int = _f(64, "LoRA scaling alpha (the update is scaled by lora_alpha / lora_rank).")
+    lora_target_modules: str = _f("all-linear", "Modules LoRA adapts: all-linear, or comma-separated module names.")
 
-    # ------------------------------------------------------------------ rollout
     env_groups: int = _f(8, "P: initial states (env seeds) per training step.")
     group_size: int = _f(16, "N: rollouts per initial state (the group GRPO normalises over and StarPO-S ranks).")
     protocol: dict[str, Any] | str | None = _f(
@@ -187,10 +245,22 @@ class StarPOConfig:
         "on a command line the whole mapping is YAML or JSON text.",
     )
     max_new_tokens: int = _f(400, "Most tokens the model may write per turn (the reference's response length).")
-    max_context_tokens: int = _f(3600, "Most tokens of a whole conversation; the episode is truncated beyond it.")
+    max_context_tokens: int = _f(
+        DEFAULT_MAX_CONTEXT_TOKENS, "Most tokens of a whole conversation; the episode is truncated beyond it."
+    )
     temperature: float = _f(1.0, "Sampling temperature of training rollouts (log-probs are taken at it too).")
     top_p: float = _f(1.0, "Nucleus sampling of training rollouts.")
-    generation_batch_size: int = _f(32, "Rows the hf engine decodes together (memory vs. speed).")
+    group_randomness: str = _f(
+        "shared",
+        "Env randomness of a group's rollouts: shared (the reference's: same seed, same payouts and slips, so the "
+        "rollouts differ only by the model's choices) or independent (each rollout re-seeded after the reset).",
+    )
+    reply_tokens: str = _f(
+        "cleaned",
+        "Trained reply tokens: cleaned (the reference's: the reply cleaned to <think>..</think><answer>..</answer> "
+        "and re-tokenised, the generation prefix trained) or sampled (the sampled ids exactly, prefix masked).",
+    )
+
     engine: str = _f("auto", "Generation engine: auto (the faster one measured for the machine: hf on a CPU, vllm on a GPU "
         "where vLLM is installed or with engine_url, else hf; printed at the start), hf (the trained model, in process: "
         "KV cache kept across turns, continuous batching), hf-generate (model.generate from scratch every turn, the "
@@ -205,11 +275,8 @@ class StarPOConfig:
         "authentication: anyone who reaches it can make it load other weights or call any worker method. Off: such "
         "a URL is refused at validation; on: accepted with a warning (keep that server on a private network).",
     )
-    group_randomness: str = _f(
-        "shared",
-        "Env randomness of a group's rollouts: shared (the reference's: same seed, same payouts and slips, so the "
-        "rollouts differ only by the model's choices) or independent (each rollout re-seeded after the reset).",
-    )
+    generation_batch_size: int = _f(32, "Rows the hf engine decodes together (memory vs. speed).")
+
     opponent_pool: list[str] = _f(
         [],
         "Self-play on a game env (ragen/TicTacToe-v0, ...): the opponents training games draw from, one draw per "
@@ -221,20 +288,7 @@ class StarPOConfig:
         10, "Self-play with past in opponent_pool: steps between two snapshots of the policy (one at the first step)."
     )
     opponent_pool_size: int = _f(4, "Self-play: the most past snapshots of the policy kept (the oldest is dropped).")
-    loss_mask: str = _f(
-        "after_system",
-        "Which tokens are trained: after_system (every token after the system prompt, the environment's "
-        "observations and the chat template's role headers included: the paper's runs, RAGEN 3059df8 "
-        "get_masks_and_scores with enable_response_mask False) or replies (only the model's replies and their "
-        "end-of-turn token: the later reference, enable_response_mask True).",
-    )
-    reply_tokens: str = _f(
-        "cleaned",
-        "Trained reply tokens: cleaned (the reference's: the reply cleaned to <think>..</think><answer>..</answer> "
-        "and re-tokenised, the generation prefix trained) or sampled (the sampled ids exactly, prefix masked).",
-    )
 
-    # ------------------------------------------------------------------ advantage (paper Sec. 3 / 4)
     adv_estimator: str = _f(
         "gae",
         "Advantage: gae (PPO with a critic, token-level GAE), grpo (group-normalised return, no critic), "
@@ -251,7 +305,6 @@ class StarPOConfig:
         "reference's), turn (each turn's reward on that reply's last token)."
     )
 
-    # ------------------------------------------------------------------ StarPO-S filtering (Sec. 4.1)
     filter_ratio: float = _f(
         DEFAULT_FILTER_RATIO,
         "Keep ratio: the fraction of initial-state groups kept by in-group reward std (1.0 = no filtering).",
@@ -261,7 +314,13 @@ class StarPOConfig:
         "floor", "Kept-group count: floor (int(ratio x groups), the reference's) or ceil; at least one group either way."
     )
 
-    # ------------------------------------------------------------------ losses
+    loss_mask: str = _f(
+        "after_system",
+        "Which tokens are trained: after_system (every token after the system prompt, the environment's "
+        "observations and the chat template's role headers included: the paper's runs, RAGEN 3059df8 "
+        "get_masks_and_scores with enable_response_mask False) or replies (only the model's replies and their "
+        "end-of-turn token: the later reference, enable_response_mask True).",
+    )
     clip_low: float = _f(0.2, "PPO clip epsilon below 1 (ratio >= 1 - clip_low).")
     clip_high: float = _f(0.28, "PPO clip epsilon above 1 (clip-higher; vanilla StarPO uses 0.2).")
     clip_ratio_c: float = _f(
@@ -293,6 +352,23 @@ class StarPOConfig:
     value_loss_coef: float = _f(
         1.0, "Weight of the value loss (the reference's critic has its own optimizer and no weight: 1.0)."
     )
+
+    critic: str = _f(
+        "value_model",
+        "Critic for gae/bilevel_gae: value_model (a separate copy of the backbone with its own head, learning rate "
+        "and gradient clipping: the reference's), value_head (a linear head on the policy's last hidden state: "
+        "cheaper, shares the backbone), none (grpo only).",
+    )
+    critic_lr: float = _f(1e-5, "Learning rate of the critic.")
+    critic_max_grad_norm: float = _f(1.0, "Gradient clipping of the critic by its own global norm.")
+
+    actor_lr: float = _f(1e-6, "Learning rate of the policy.")
+    weight_decay: float = _f(0.01, "AdamW weight decay of the policy and the critic (verl's 0.01).")
+    warmup_steps: int = _f(
+        0, "Learning-rate warm-up, in training steps (the schedule advances once per training step, as verl's)."
+    )
+    lr_scheduler_type: str = _f("constant", "Learning-rate schedule.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping of the policy by its global norm.")
     ppo_mini_batch_size: int = _f(
         32,
         "Trajectories per optimizer step: the kept batch is split in order into mini-batches of this size, one "
@@ -300,24 +376,6 @@ class StarPOConfig:
     )
     ppo_epochs: int = _f(1, "Passes over the kept batch per step (each pass = one update per mini-batch).")
 
-    # ------------------------------------------------------------------ critic
-    critic: str = _f(
-        "value_model",
-        "Critic for gae/bilevel_gae: value_model (a separate copy of the backbone with its own head, learning rate "
-        "and gradient clipping: the reference's), value_head (a linear head on the policy's last hidden state: "
-        "cheaper, shares the backbone), none (grpo only).",
-    )
-
-    # ------------------------------------------------------------------ optimisation
-    actor_lr: float = _f(1e-6, "Learning rate of the policy.")
-    critic_lr: float = _f(1e-5, "Learning rate of the critic.")
-    weight_decay: float = _f(0.01, "AdamW weight decay of the policy and the critic (verl's 0.01).")
-    warmup_steps: int = _f(
-        0, "Learning-rate warm-up, in training steps (the schedule advances once per training step, as verl's)."
-    )
-    lr_scheduler_type: str = _f("constant", "Learning-rate schedule.")
-    max_grad_norm: float = _f(1.0, "Gradient clipping of the policy by its global norm.")
-    critic_max_grad_norm: float = _f(1.0, "Gradient clipping of the critic by its own global norm.")
     micro_batch_size: int = _f(8, "Trajectories per forward/backward pass on each process (memory knob).")
     gradient_checkpointing: bool = _f(
         True,
@@ -346,28 +404,13 @@ class StarPOConfig:
         "multi-turn envs the first turn's) computed once for the policy and the critic: the same gradients as the "
         "padded batch (float tolerance), for a fraction of the compute. false: pack every trajectory whole.",
     )
-    dtype: str = _f(
-        "auto",
-        "Compute dtype of the training and scoring passes (torch.autocast, or the distributed engine's own mixed "
-        "precision): auto (bfloat16 on a GPU that supports it, as the reference; float32 elsewhere), float32, "
-        "bfloat16 (on a CPU with AVX-512 BF16 or AMX, or a GPU) or float16 (GPU only). The weights and the optimizer "
-        "state are stored in master_dtype.",
+    deepspeed: str = _f("", "Path to a DeepSpeed config JSON (ZeRO); empty = none. Use with `accelerate launch`.")
+    dist_timeout_minutes: float = _f(
+        10.0,
+        "Distributed runs: the most minutes one process waits for the others at a collective before the run stops "
+        "with a message naming the process that did not answer (torch's default is 30 minutes, silent).",
     )
-    master_dtype: str = _f(
-        "float32",
-        "Stored dtype of the trained weights and the optimizer state (what checkpoints hold): float32 (the "
-        "reference's fp32 master weights) or bfloat16 (pure bf16: half the memory, but updates smaller than a "
-        "bf16 spacing are rounded away; at actor_lr 1e-6 most weights never move, and validation warns).",
-    )
-    lora_rank: int = _f(
-        0,
-        "0 = full fine-tuning; > 0 trains a LoRA adapter of this rank through peft (the reference: 64, with actor_lr "
-        "1e-5 and critic_lr 1e-4). Checkpoints are then adapter folders that load on the base model.",
-    )
-    lora_alpha: int = _f(64, "LoRA scaling alpha (the update is scaled by lora_alpha / lora_rank).")
-    lora_target_modules: str = _f("all-linear", "Modules LoRA adapts: all-linear, or comma-separated module names.")
 
-    # ------------------------------------------------------------------ validation, logging, checkpoints
     val_every: int = _f(10, "Validate every this many steps (0 = never).")
     val_groups: int = _f(256, "Initial states of each validation (one rollout each).")
     val_temperature: float = _f(0.5, "Sampling temperature of validation.")
@@ -399,12 +442,6 @@ class StarPOConfig:
         "true: continue the run in output_dir (from its newest checkpoint that verifies) when its config matches, and "
         "refuse a changed one; false: start over, deleting that run's checkpoints, metrics and summary (like "
         "--overwrite). `ragen-trainer train --resume` alone continues even with a changed config.",
-    )
-    deepspeed: str = _f("", "Path to a DeepSpeed config JSON (ZeRO); empty = none. Use with `accelerate launch`.")
-    dist_timeout_minutes: float = _f(
-        10.0,
-        "Distributed runs: the most minutes one process waits for the others at a collective before the run stops "
-        "with a message naming the process that did not answer (torch's default is 30 minutes, silent).",
     )
 
     def __post_init__(self) -> None:
@@ -561,12 +598,30 @@ class StarPOConfig:
             base = reference_settings(self.env_id)
         except ValueError as exc:
             raise ValueError(f"invalid config field env_id={self.env_id!r}: {exc}") from None
-        in_env_kwargs = {k: v for k, v in self.env_kwargs.items() if k in FIELD_NAMES}
         try:
-            return merge_settings(base, [("config field protocol", self.protocol), ("config field env_kwargs",
-                                                                                     in_env_kwargs)])
+            return self._with_run_protocol(base)
         except ValueError as exc:
             raise ValueError(f"invalid config: {exc}") from None
+
+    def _with_run_protocol(self, base: ProtocolSettings) -> ProtocolSettings:
+        """``base`` (an env id's reference settings) with the run's protocol changes, through the one resolver
+        (:func:`ragen_envs.settings.resolve_protocol`): the ``protocol`` field, then the protocol fields given as
+        ``env_kwargs`` keys. A ``protocol`` key inside ``env_kwargs`` is not one of them (the run's env is made with
+        :meth:`env_make_kwargs`, which leaves it out)."""
+        keywords = {k: v for k, v in self.env_kwargs.items() if k in FIELD_NAMES}
+        return resolve_protocol(base, protocol=self.protocol, keywords=keywords, places=_CONFIG_PLACES)
+
+    def rollout_settings(self) -> RolloutSettings:
+        """The settings of the run's rollouts (:class:`ragen_trainer.settings.RolloutSettings`: loss mask, reply
+        tokens, context, group randomness), for :func:`ragen_trainer.rollout.collect_rollouts`, self-play and TRL's
+        ``RagenRollout``: this config's fields of the same names."""
+        return RolloutSettings(**_fields_for(RolloutSettings, self))
+
+    def loss_settings(self) -> LossSettings:
+        """The settings of the run's loss functions (:class:`ragen_trainer.settings.LossSettings`: clipping,
+        aggregation, KL estimator, value clip), for :mod:`ragen_trainer.losses`: this config's fields of the same
+        names."""
+        return LossSettings(**_fields_for(LossSettings, self))
 
     def env_make_kwargs(self, settings: ProtocolSettings | None = None) -> dict[str, Any]:
         """Keyword arguments for ``gymnasium.make(env_id, ...)``: the env's own ``env_kwargs`` and the resolved
@@ -600,10 +655,8 @@ class StarPOConfig:
             base = reference_settings(env_id)
         except ValueError as exc:
             raise ValueError(f"invalid config field val_envs: {env_id!r}: {exc}") from None
-        in_env_kwargs = {k: v for k, v in self.env_kwargs.items() if k in FIELD_NAMES}
         try:
-            settings = merge_settings(base, [("config field protocol", self.protocol), ("config field env_kwargs",
-                                                                                        in_env_kwargs)])
+            settings = self._with_run_protocol(base)
         except ValueError as exc:
             raise ValueError(f"invalid config field val_envs: {env_id!r}: {exc}") from None
         default_name = re.sub(r"-v\d+$", "", env_id.split("/")[-1])
@@ -893,7 +946,7 @@ def parse_value(name: str, text: str, kind: Any) -> Any:
                 raise ValueError
             return value
     except _Unfit as exc:
-        raise ValueError(f"invalid config field {name}={_short(text)}: expected a {_type_name(kind)}; {exc}") from None
+        raise ValueError(f"invalid config field {name}={short_repr(text)}: expected a {_type_name(kind)}; {exc}") from None
     except Exception:  # ValueError and TypeError: the text does not fit the type
         raise ValueError(f"invalid config field {name}={text!r}: expected a {_type_name(kind)}") from None
     return text
@@ -923,6 +976,12 @@ _MAPPING_FIELDS = ("env_kwargs", "protocol")
 
 
 # ---------------------------------------------------------------------------------------------------------- internals
+def _fields_for(settings_class: type, cfg: StarPOConfig) -> dict[str, Any]:
+    """``cfg``'s values of the fields of ``settings_class`` (a settings dataclass whose fields are named as the
+    config's), so that the config is the one place a setting's default is declared."""
+    return {f.name: getattr(cfg, f.name) for f in fields(settings_class)}
+
+
 def _check(condition: bool, name: str, value: Any, allowed: str) -> None:
     if not condition:
         raise ValueError(f"invalid config field {name}={value!r}: expected {allowed}")
@@ -948,92 +1007,6 @@ def _type_name(kind: Any) -> str:
     return {bool: "bool (true/false)", int: "int", float: "number", str: "str", list: "list", dict: "mapping"}.get(
         kind, str(kind)
     )
-
-
-# ---------------------------------------------------------------------------------------------------- output folders
-class RunConflictError(ValueError):
-    """``output_dir`` holds a run that this config may not continue (:func:`check_output_folder` says why)."""
-
-
-#: Where ``engine: vllm`` with a server writes the policy's weights for the server to reload (``<output_dir>/...``).
-VLLM_WEIGHTS_DIR = "vllm-weights"
-#: What a run writes into its ``output_dir`` (names and name prefixes); ``--overwrite`` removes these and only these.
-RUN_FILE_NAMES: tuple[str, ...] = ("config.yaml", "metrics.jsonl", "summary.json", "final", "tensorboard", "wandb",
-                                   VLLM_WEIGHTS_DIR)
-RUN_FILE_PREFIXES: tuple[str, ...] = ("checkpoint-", "broken-checkpoint-", ".saving-", ".replaced-", ".tmp-")
-
-
-def run_files(output_dir: str | Path) -> list[Path]:
-    """The files and folders of a previous run in ``output_dir`` (anything else there is the user's and is kept)."""
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.name in RUN_FILE_NAMES or p.name.startswith(RUN_FILE_PREFIXES))
-
-
-def holds_run(output_dir: str | Path) -> bool:
-    """Whether ``output_dir`` holds a run's progress: a checkpoint (whole or not), a final model, a summary, or
-    metrics. A lone ``config.yaml`` (a run stopped before its first step) is not progress."""
-    folder = Path(output_dir)
-    for path in run_files(folder):
-        if path.name in ("config.yaml", "tensorboard", "wandb", VLLM_WEIGHTS_DIR) or path.name.startswith(".tmp-"):
-            continue
-        if path.name == "metrics.jsonl" and path.stat().st_size == 0:
-            continue
-        return True
-    return False
-
-
-@dataclass
-class FolderPlan:
-    """What :func:`check_output_folder` decided for ``output_dir``."""
-
-    action: str
-    """``"new"`` (nothing to continue), ``"continue"`` (resume the run there), ``"overwrite"`` (remove the old run's
-    files, then start over)."""
-    differences: list[tuple[str, Any, Any]] = field(default_factory=list)
-    """``(field, old value, new value)`` of the fields that changed (only with ``force_resume``)."""
-    compared_with: str | None = None
-    """The file the config was compared with."""
-
-
-def check_output_folder(cfg: StarPOConfig, *, force_resume: bool = False, overwrite: bool = False) -> FolderPlan:
-    """Decide what to do with ``cfg.output_dir``; raise :class:`RunConflictError` for a changed config.
-
-    * nothing there (or only files that are not a run's): a new run;
-    * ``overwrite`` (``--overwrite``), or ``cfg.resume`` false: start over (the caller removes :func:`run_files`);
-    * a run whose config equals ``cfg`` in every field but :data:`RESUME_SAFE_FIELDS`: continue it;
-    * a run with another config: ``RunConflictError`` listing the differing fields, unless ``force_resume``
-      (``--resume``), which continues it with the new config.
-
-    The folder's config is its ``config.yaml`` (the config of the last accepted run there), else the newest
-    checkpoint's. Nothing is written here.
-    """
-    out = Path(cfg.output_dir)
-    if force_resume and overwrite:
-        raise ValueError("invalid arguments --resume and --overwrite: choose one (continue the run in output_dir, or "
-                         "delete it and start over)")
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"invalid config field output_dir={cfg.output_dir!r}: a file is in the way; expected a "
-                         "folder (new or holding a run)")
-    if not holds_run(out):
-        return FolderPlan("new")
-    if overwrite or not cfg.resume:
-        return FolderPlan("overwrite")
-    stored, source = _stored_config(out)
-    if stored is None:
-        return FolderPlan("continue")
-    diffs = config_differences(stored, cfg)
-    if diffs and not force_resume:
-        lines = "\n".join(f"  {name}: {_short(old)} -> {_short(new)}" for name, old, new in diffs)
-        raise RunConflictError(
-            f"invalid config field output_dir={cfg.output_dir!r}: it holds a run with another config ({source}); "
-            f"{len(diffs)} field(s) differ:\n{lines}\n"
-            "Rerun with --resume to continue that run with the new config, with --overwrite to delete it and start "
-            "over, or choose another --output_dir. (Fields that may change freely: "
-            f"{', '.join(sorted(RESUME_SAFE_FIELDS))}.)"
-        )
-    return FolderPlan("continue", diffs, source)
 
 
 def config_differences(old: dict[str, Any], new: StarPOConfig,
@@ -1069,22 +1042,7 @@ def _comparable(data: dict[str, Any]) -> dict[str, Any]:
         return known
 
 
-def _stored_config(out: Path) -> tuple[dict[str, Any] | None, str | None]:
-    path = out / "config.yaml"
-    if path.is_file():
-        try:
-            data = load_yaml_file(path, "config file")
-        except (OSError, ValueError):
-            data = None
-        if isinstance(data, dict):
-            return data, str(path)
-    for _, folder in reversed(list_checkpoints(out)):
-        info = read_checkpoint_info(folder).get("config")
-        if isinstance(info, dict):
-            return info, str(folder)
-    return None, None
-
-
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """``repr(value)``, cut to 120 characters (for messages that quote a user's value)."""
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."

@@ -1,32 +1,35 @@
-"""The critic of StarPO's PPO backbone: a value head on the policy's backbone, or a separate value model.
+"""The critic of StarPO's PPO backbone, and :class:`PolicyWithCritic`: what the update asks of policy and critic.
 
-The critic is registered as a sub-module ``ragen_critic`` of the policy model, and the policy's ``forward`` learns an
-extra keyword, ``return_values=True``, which adds a values tensor ``[B, L]`` (key ``critic_values``) to the output
-(the value of the state *after* reading token ``t``, so ``values[:, t-1]`` is the baseline of token ``t``); see
-:func:`install_policy_forward`, which also adds the memory-saving ``logits_mask``. Keeping policy and critic
-in one module, called through one ``forward``, is what lets ``accelerate``/DDP/DeepSpeed wrap, shard and
-all-reduce both without any special case (this is how TRL adds its fused LM head, too). The checkpoint code saves the
-policy without the critic in Hugging Face format and the critic next to it (:data:`CRITIC_FILE`).
+The critic is registered as a sub-module ``ragen_critic`` of the policy model (:func:`attach_critic`): one module, so
+``accelerate``/DDP/DeepSpeed wrap, shard and all-reduce policy and critic alike, and the critic's weights sit in the
+model's ``state_dict`` under ``ragen_critic.``. The checkpoint code saves the policy without the critic in Hugging Face
+format and the critic next to it (:data:`CRITIC_FILE`).
 
 * ``value_head``: one linear layer on the policy's last hidden state (shared backbone, like TRL's old
   ``AutoModelForCausalLMWithValueHead``); the value loss also shapes the backbone.
 * ``value_model``: a deep copy of the policy's backbone with its own head (the reference code's separate critic);
   twice the memory, no interference with the policy.
+
+The model's ``forward`` stays the ``transformers`` one. :class:`PolicyWithCritic` asks explicitly for what the update
+needs: :meth:`~PolicyWithCritic.logprobs` (with the critic's values) and :meth:`~PolicyWithCritic.values`. A value at
+position ``t`` is the value of the state *after* reading token ``t``, so ``values[:, t-1]`` is the baseline of token
+``t``.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.utils.checkpoint
+from accelerate.utils import extract_model_from_parallel
 from torch import nn
-from transformers.utils import ModelOutput
 
+from ragen_trainer.engines.hf.transformers_api import last_hidden_state, text_config
 from ragen_trainer.losses import entropy_from_logits
 
 #: Name of the critic sub-module on the policy model, and prefix of its keys in ``state_dict``.
@@ -34,13 +37,10 @@ CRITIC_ATTR = "ragen_critic"
 #: File the critic's weights are saved to, inside a checkpoint folder.
 CRITIC_FILE = "critic.safetensors"
 CRITIC_KINDS: tuple[str, ...] = ("value_head", "value_model")
-#: The output key of the critic's values. Not ``values``: a ``ModelOutput`` is a mapping, and a key named ``values``
-#: would shadow its ``.values()`` method, which DeepSpeed's engine calls on forward outputs.
-VALUES_KEY = "critic_values"
 
 
 def _hidden_size(model: nn.Module) -> int:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model)
     for name in ("hidden_size", "n_embd", "d_model"):
         if getattr(cfg, name, None):
             return int(getattr(cfg, name))
@@ -93,11 +93,10 @@ def whole_copy(module: nn.Module) -> nn.Module:
 
 
 def attach_critic(model: nn.Module, kind: str) -> nn.Module:
-    """Register a critic of ``kind`` on ``model`` (a transformers causal LM) and install the policy forward that
-    can return values (:func:`install_policy_forward`). Idempotent: an existing critic is kept. Returns the critic."""
+    """Register a critic of ``kind`` on ``model`` (a transformers causal LM) as its sub-module :data:`CRITIC_ATTR`.
+    Idempotent: an existing critic is kept. Returns the critic."""
     if kind not in CRITIC_KINDS:
         raise ValueError(f"invalid argument critic={kind!r}: expected one of {list(CRITIC_KINDS)}")
-    install_policy_forward(model)
     existing = getattr(model, CRITIC_ATTR, None)
     if existing is not None:
         return existing
@@ -113,86 +112,85 @@ def attach_critic(model: nn.Module, kind: str) -> nn.Module:
     return critic
 
 
-def install_policy_forward(model: nn.Module) -> None:
-    """Teach ``model.forward`` two keywords (idempotent; without them the forward is the original one):
+@dataclass(frozen=True)
+class TokenScores:
+    """What :meth:`PolicyWithCritic.logprobs` computes."""
 
-    * ``logits_mask`` (bool ``[B, L]``): run the backbone, then the LM head only on the selected positions, and
-      return ``selected_logits`` ``[n, vocab]`` (row-major order of the mask) instead of ``[B, L, vocab]`` logits.
-      Multi-turn conversations are mostly prompt and environment text, and vocabularies are large (Qwen: 151k), so
-      this is what keeps the trainer's memory proportional to the model's own tokens (TRL's fused LM head does the
-      same for its single-turn case).
-    * ``token_targets`` (``[n]``, with ``logits_mask``): instead of the logits, return ``selected_logprobs`` (each
-      selected position's log-prob of its target at ``temperature``) and, with ``token_entropy=True``,
-      ``selected_entropy``, computed in chunks of positions whose ``[chunk, vocab]`` logits are recomputed in the
-      backward pass rather than kept (:func:`chunked_token_logprobs`): the memory of the logits no longer grows with
-      the number of trained tokens (thousands per trajectory when the prompt is trained, ``loss_mask="after_system"``).
-    * ``return_values=True``: add the critic's values ``[B, L]`` (key :data:`VALUES_KEY`); ``values_only=True``:
-      return only them (a separate value model then runs alone, without the policy).
+    logprobs: torch.Tensor
+    """``[n]`` float32: ``log pi(target | tokens <= t)`` at each selected position ``t``, in the row-major order of
+    ``select``, at the sampling temperature."""
+    entropy: torch.Tensor | None
+    """``[n]`` float32: the entropy of ``pi(. | tokens <= t)`` at those positions; ``None`` unless asked."""
+    values: torch.Tensor | None
+    """``[B, L]``: the critic's value at every position; ``None`` unless asked."""
 
-    Both happen inside ``forward``, so DDP / DeepSpeed see one ordinary forward call.
+
+class PolicyWithCritic:
+    """The policy and its critic, asked for what the update needs: :meth:`logprobs` (with the critic's values, in the
+    same pass) and :meth:`values` (the critic alone).
+
+    ``model`` is what the trainer calls: the causal LM, or DDP / DeepSpeed's engine around it. Every pass starts with
+    one ordinary call of it (:func:`~ragen_trainer.engines.hf.transformers_api.last_hidden_state`): DDP needs that
+    call to all-reduce the gradients in the backward pass that follows, ZeRO-3 to gather and release the weights. The
+    LM head and the critic then run as what they are, sub-modules of that model: ZeRO-3 gathers a sub-module's weights
+    whenever it runs (the LM head's chunks run again in the backward pass anyway), and DDP reduces the gradient of every
+    parameter the backward pass reaches.
+
+    Only the trained positions go through the LM head. Multi-turn conversations are mostly prompt and environment
+    text, and vocabularies are large (Qwen: 151k), so this keeps the trainer's memory proportional to the model's own
+    tokens (TRL's fused LM head does the same for its single-turn case); the head runs in chunks recomputed in the
+    backward pass (:func:`chunked_token_logprobs`), so the memory of the logits does not grow with the number of
+    trained tokens either (thousands per trajectory when the prompt is trained, ``loss_mask="after_system"``).
     """
-    if getattr(model, "_ragen_forward_installed", False):
-        return
-    original_forward = model.forward
-    text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    softcap = getattr(text_config, "final_logit_softcapping", None)
-    scale = getattr(text_config, "logit_scale", None)
 
-    def lm_head(hidden: torch.Tensor) -> torch.Tensor:
-        logits = model.get_output_embeddings()(hidden)
-        if scale is not None:
-            logits = logits * scale
-        if softcap is not None:
-            logits = torch.tanh(logits / softcap) * softcap
+    def __init__(self, model: nn.Module, module: nn.Module | None = None) -> None:
+        """``module``: the causal LM inside ``model`` (default: ``model`` unwrapped from DDP / DeepSpeed)."""
+        self.model = model
+        self.module = extract_model_from_parallel(model) if module is None else module
+        self.critic = get_critic(self.module)
+        config = text_config(self.module)
+        # what some models apply to their logits after the LM head (Cohere, Gemma 2); transformers' forward does it
+        self.logit_scale = getattr(config, "logit_scale", None)
+        self.logit_softcap = getattr(config, "final_logit_softcapping", None)
+
+    def hidden_states(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The policy's last hidden state ``[B, L, d]`` on ``inputs`` (the model's keyword arguments: ``input_ids``,
+        and ``attention_mask`` or a packed layout, :meth:`ragen_trainer.packing.PackedBatch.model_inputs`)."""
+        return last_hidden_state(self.model, self.module.get_decoder(), dict(inputs))
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The policy's logits ``[..., vocab]`` from hidden states ``[..., d]``: the LM head, then the model's scale
+        and soft-cap: ``logits = c * tanh(s * W h / c)``."""
+        logits = self.module.get_output_embeddings()(hidden)
+        if self.logit_scale is not None:
+            logits = logits * self.logit_scale
+        if self.logit_softcap is not None:
+            logits = torch.tanh(logits / self.logit_softcap) * self.logit_softcap
         return logits
 
-    @functools.wraps(type(model).forward)
-    def forward(*args: Any, return_values: bool = False, logits_mask: torch.Tensor | None = None,
-                values_only: bool = False, token_targets: torch.Tensor | None = None, temperature: float = 1.0,
-                token_entropy: bool = False, **kwargs: Any) -> Any:
-        if logits_mask is None and not return_values and not values_only:
-            return original_forward(*args, **kwargs)
-        input_ids = kwargs.get("input_ids", args[0] if args else None)
-        head = getattr(model, CRITIC_ATTR, None)
-        # what the backbones take besides the ids and the mask: position ids, a packed layout (ragen_trainer.packing)
-        extra = {k: v for k, v in kwargs.items() if k not in ("input_ids", "attention_mask", "output_hidden_states")}
-        if values_only:
-            if head is None:
-                raise ValueError("values_only=True needs a critic: call attach_critic(model, kind) first")
-            if isinstance(head, ValueHead):
-                hidden = model.get_decoder()(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"),
-                                             use_cache=False, **extra).last_hidden_state
-                return ModelOutput({VALUES_KEY: head(hidden)})
-            return ModelOutput({VALUES_KEY: head(input_ids, kwargs.get("attention_mask"), **extra)})
-        if logits_mask is None:  # full logits plus values
-            kwargs["output_hidden_states"] = True
-            out = original_forward(*args, **kwargs)
-            hidden = out.hidden_states[-1]
-        else:
-            decoder = model.get_decoder()
-            out = decoder(input_ids=input_ids, attention_mask=kwargs.get("attention_mask"), use_cache=False, **extra)
-            hidden = out.last_hidden_state
-            selected = hidden[logits_mask.bool()]
-            if token_targets is not None:
-                logprobs, entropy = chunked_token_logprobs(
-                    selected, lm_head, token_targets, vocab=model.get_output_embeddings().weight.shape[0],
-                    temperature=temperature, entropy=token_entropy)
-                out = ModelOutput(selected_logprobs=logprobs)
-                if entropy is not None:
-                    out["selected_entropy"] = entropy
-            else:
-                out = ModelOutput(selected_logits=lm_head(selected))
-        if return_values:
-            if head is None:
-                raise ValueError("return_values=True needs a critic: call attach_critic(model, kind) first")
-            if isinstance(head, ValueHead):
-                out[VALUES_KEY] = head(hidden)
-            else:
-                out[VALUES_KEY] = head(input_ids, kwargs.get("attention_mask"), **extra)
-        return out
+    def logprobs(self, inputs: Mapping[str, Any], select: torch.Tensor, targets: torch.Tensor, *,
+                 temperature: float = 1.0, entropy: bool = False, values: bool = False) -> TokenScores:
+        """``log softmax(lm_head(h_t) / temperature)[target]`` at the positions ``t`` of ``select`` (bool ``[B, L]``;
+        ``targets`` ``[n]``: the token each selected position predicts, in row-major order), the entropy there with
+        ``entropy``, and with ``values`` the critic's values at every position (:meth:`values`, from the same pass
+        when the critic is a value head on the policy)."""
+        hidden = self.hidden_states(inputs)
+        vocab = self.module.get_output_embeddings().weight.shape[0]
+        logp, ent = chunked_token_logprobs(hidden[select.bool()], self.lm_head, targets, vocab=vocab,
+                                           temperature=temperature, entropy=entropy)
+        return TokenScores(logprobs=logp, entropy=ent, values=self._values(inputs, hidden) if values else None)
 
-    model.forward = forward
-    model._ragen_forward_installed = True
+    def values(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The critic's values ``[B, L]`` on ``inputs``, without the policy's LM head: a value head reads the policy's
+        last hidden state; a separate value model runs alone, without the policy."""
+        return self._values(inputs, None)
+
+    def _values(self, inputs: Mapping[str, Any], hidden: torch.Tensor | None) -> torch.Tensor:
+        if self.critic is None:
+            raise ValueError("the critic's values need a critic: call attach_critic(model, kind) first")
+        if isinstance(self.critic, ValueHead):
+            return self.critic(self.hidden_states(inputs) if hidden is None else hidden)
+        return self.critic(**inputs)
 
 
 #: Logit entries (positions x vocabulary) computed at once by :func:`chunked_token_logprobs`: 2**25 float32 values,
@@ -229,11 +227,9 @@ def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor
 
 
 def policy_copy(model: nn.Module) -> nn.Module:
-    """A deep copy of the policy without its critic and with the plain ``forward`` (e.g. the frozen reference):
-    a copied patched ``forward`` would still call the original model. Whole weights under ZeRO-3 (:func:`whole_copy`)."""
+    """A deep copy of the policy without its critic (e.g. the frozen reference). Whole weights under ZeRO-3
+    (:func:`whole_copy`)."""
     clone = whole_copy(model)
-    clone.__dict__.pop("forward", None)
-    clone.__dict__.pop("_ragen_forward_installed", None)
     if getattr(clone, CRITIC_ATTR, None) is not None:
         delattr(clone, CRITIC_ATTR)
     return clone

@@ -36,7 +36,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import DeepSpeedPlugin, DistributedType, InitProcessGroupKwargs
 
-from ragen_trainer.models import pickled_globals
+from ragen_trainer.checkpoints.verify import pickled_globals
 from ragen_trainer.precision import compute_dtype
 
 logger = logging.getLogger(__name__)
@@ -349,7 +349,7 @@ DEEPSPEED_PICKLE_GLOBALS = frozenset({
 def check_deepspeed_files(folder: str | os.PathLike[str]) -> int:
     """Refuse a DeepSpeed checkpoint folder (a tag folder, or a universal checkpoint's) that DeepSpeed must not read:
     every ``*.pt`` file under it (what DeepSpeed's loaders open) is scanned without unpickling it
-    (:func:`ragen_trainer.models.pickled_globals`), and a file that names a Python object outside
+    (:func:`ragen_trainer.checkpoints.verify.pickled_globals`), and a file that names a Python object outside
     :data:`DEEPSPEED_PICKLE_GLOBALS`, or that cannot be scanned, is a ``ValueError`` naming the file and the object.
     Returns how many files were checked."""
     root = Path(folder)

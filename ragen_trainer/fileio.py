@@ -103,6 +103,21 @@ def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def read_json_object_checked(path: str | os.PathLike[str]) -> tuple[dict[str, Any] | None, str | None]:
+    """``(the JSON object in path, None)``, or ``(None, what is wrong)`` naming the file: missing, not JSON, or not
+    an object (for checks that report each problem instead of reading it as empty)."""
+    path = Path(path)
+    if not path.is_file():
+        return None, f"{path.name} is missing"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, f"{path.name} is not valid JSON ({str(exc)[:80]})"
+    if not isinstance(data, dict):
+        return None, f"{path.name} is not a JSON object"
+    return data, None
+
+
 def append_line(path: str | os.PathLike[str], line: str) -> None:
     """Append one line (a JSONL record) with a single ``write`` of the whole line and an fsync, so a crash leaves
     either the whole line or none of it (a partial last line, if the disk itself tears it, is skipped by readers)."""
@@ -163,5 +178,7 @@ __all__ = [
     "current_umask",
     "file_mode",
     "read_bytes_bounded",
+    "read_json_object",
+    "read_json_object_checked",
     "read_text_bounded",
 ]

@@ -5,16 +5,23 @@ All per-token tensors are ``[B, T]`` with a ``mask`` that is 1 on the trained to
 Every aggregate takes an optional ``normalizer``: when a batch is split into micro-batches (and over processes),
 passing the whole batch's token (or sequence) count makes the micro-batch losses sum to exactly the loss of the whole
 batch. :func:`row_normalizers` computes it per row for every mode, so one code path serves all of them.
+
+The settings that differ between ragen's two references (dual clip, aggregation, KL estimator) have no default here:
+:func:`policy_loss` and :func:`value_loss` take the run's :class:`~ragen_trainer.settings.LossSettings` whole
+(``StarPOConfig.loss_settings()``), and the lower-level functions take the mode, micro-batch size or estimator as an
+argument, so calling them directly never picks a reference silently.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ragen_trainer.settings import LossSettings
+
 AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "micro-token-mean")
 
 
-def row_normalizers(mask: torch.Tensor, mode: str, *, world: int = 1, micro_size: int = 4) -> torch.Tensor:
+def row_normalizers(mask: torch.Tensor, mode: str, *, micro_size: int, world: int = 1) -> torch.Tensor:
     """Per-row denominators that make ``agg_loss(..., normalizer=row_normalizers(...)[rows])`` summed over any split
     of one PPO mini-batch (micro-batches, processes) equal the mini-batch's loss under ``mode``.
 
@@ -56,9 +63,9 @@ def row_normalizers(mask: torch.Tensor, mode: str, *, world: int = 1, micro_size
 def agg_loss(
     loss: torch.Tensor,
     mask: torch.Tensor,
-    mode: str = "token-mean",
+    mode: str,
     normalizer: float | torch.Tensor | None = None,
-    micro_size: int = 4,
+    micro_size: int | None = None,
 ) -> torch.Tensor:
     """Reduce per-token ``loss`` over ``mask``.
 
@@ -76,6 +83,9 @@ def agg_loss(
     (:func:`row_normalizers`), which works for every mode: the loss is then ``sum over rows of row numerator / row
     denominator``, the numerator being the row's token sum (``token-mean``, ``micro-token-mean``,
     ``seq-mean-token-sum``) or its token mean (``seq-mean-token-mean``).
+
+    ``micro_size`` (the config's ``loss_agg_micro_size``, which differs between the references) is needed only by
+    ``micro-token-mean`` without a ``normalizer``; that case without it is a ``ValueError``.
     """
     if mode not in AGG_MODES:
         raise ValueError(f"invalid argument loss_agg_mode={mode!r}: expected one of {list(AGG_MODES)}")
@@ -89,6 +99,9 @@ def agg_loss(
         if normalizer is not None:
             raise ValueError("loss_agg_mode='micro-token-mean' needs per-row normalizers (row_normalizers), not a "
                              "single number")
+        if micro_size is None:
+            raise ValueError("loss_agg_mode='micro-token-mean' without normalizers needs micro_size (the config's "
+                             "loss_agg_micro_size)")
         return agg_loss(loss, mask, mode, row_normalizers(mask, mode, micro_size=micro_size))
     if mode == "token-mean":
         denom = m.sum().clamp(min=1.0) if normalizer is None else normalizer
@@ -107,13 +120,9 @@ def policy_loss(
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    clip_ratio_c: float = 3.0,
-    agg_mode: str = "token-mean",
     normalizer: float | torch.Tensor | None = None,
-    micro_size: int = 4,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO's clipped surrogate (Schulman et al. 2017, eq. 7) with decoupled clipping (DAPO's clip-higher; StarPO-S)
     and dual clipping (Ye et al. 2020, the later reference's ``clip_ratio_c``; ``clip_ratio_c=0`` turns it off, as in
@@ -123,11 +132,15 @@ def policy_loss(
         L_t     = -min(ratio_t * A_t, clip(ratio_t, 1 - clip_low, 1 + clip_high) * A_t)
         L_t     = min(L_t, -clip_ratio_c * A_t)            where A_t < 0  (a huge ratio cannot blow the loss up)
 
+    ``settings`` gives ``clip_low``, ``clip_high``, ``clip_ratio_c`` and the aggregation (``loss_agg_mode``,
+    ``loss_agg_micro_size``; ``normalizer`` as :func:`agg_loss`'s).
+
     Returns the aggregated loss and detached stats, each over the mask: ``clipfrac`` (tokens whose clipped term was
     taken), ``clipfrac_high`` (ratio above ``1 + clip_high`` with A > 0), ``clipfrac_low`` (ratio below
     ``1 - clip_low`` with A < 0), ``clipfrac_dual`` (A < 0 and the dual bound taken), ``approx_kl`` (token mean of
     ``old - new`` log-probs), ``ratio_mean``, ``ratio_min``, ``ratio_max``.
     """
+    clip_low, clip_high, clip_ratio_c = settings.clip_low, settings.clip_high, settings.clip_ratio_c
     log_ratio = logprobs - old_logprobs
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -137,7 +150,7 @@ def policy_loss(
     dual_bound = -advantages * clip_ratio_c
     if dual_on:
         per_token = torch.where(advantages < 0, torch.minimum(per_token, dual_bound), per_token)
-    loss = agg_loss(per_token, mask, agg_mode, normalizer, micro_size)
+    loss = agg_loss(per_token, mask, settings.loss_agg_mode, normalizer, settings.loss_agg_micro_size)
     with torch.no_grad():
         m = mask.float()
         n = m.sum().clamp(min=1.0)
@@ -159,7 +172,7 @@ def policy_loss(
     return loss, stats
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman, "Approximating KL Divergence"):
 
     * ``k1``: ``log pi - log pi_ref`` (unbiased, high variance, can be negative);
@@ -187,24 +200,24 @@ def value_loss(
     old_values: torch.Tensor,
     returns: torch.Tensor,
     mask: torch.Tensor,
+    settings: LossSettings,
     *,
-    clip: float = 0.5,
-    agg_mode: str = "token-mean",
     normalizer: float | torch.Tensor | None = None,
-    micro_size: int = 4,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Clipped value loss (PPO2 / the reference's critic):
+    """Clipped value loss (PPO2 / the reference's critic), with ``clip`` = ``settings.value_clip`` and the
+    aggregation of ``settings`` (``normalizer`` as :func:`agg_loss`'s):
 
         V_clip = V_old + clip(V - V_old, -clip, clip)
         L_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)
 
     Returns the aggregated loss and stats (``vf_clipfrac``: share of tokens where the clipped term was larger).
     """
+    clip = settings.value_clip
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     loss_unclipped = (values - returns) ** 2
     loss_clipped = (clipped - returns) ** 2
     per_token = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
-    loss = agg_loss(per_token, mask, agg_mode, normalizer, micro_size)
+    loss = agg_loss(per_token, mask, settings.loss_agg_mode, normalizer, settings.loss_agg_micro_size)
     m = mask.float()
     with torch.no_grad():
         stats = {"vf_clipfrac": ((loss_clipped > loss_unclipped).float() * m).sum() / m.sum().clamp(min=1.0)}

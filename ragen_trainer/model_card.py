@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ragen_trainer.checkpoints.layout import is_ragen_checkpoint, read_checkpoint_info, write_checkpoint_marker
 from ragen_trainer.config import PRESETS, load_config, preset
 from ragen_trainer.evaluation.suites import available_suites, load_suite
 from ragen_trainer.fileio import apply_umask, atomic_write_text, read_json_object
@@ -47,12 +48,9 @@ from ragen_trainer.models import (
     DEFAULT_MODEL,
     add_prefix_to_template,
     base_model_name,
-    is_ragen_checkpoint,
     prepare_tokenizer,
-    read_checkpoint_info,
     split_prefixed_template,
     stop_token_ids,
-    write_checkpoint_marker,
 )
 
 logger = logging.getLogger(__name__)

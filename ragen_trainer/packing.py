@@ -27,10 +27,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ragen_trainer.engines.hf import transformers_api
 from ragen_trainer.trajectory import Trajectory
 
 #: The name the packed attention is registered under (``model.set_attn_implementation(ATTENTION_NAME)``).
@@ -156,8 +154,8 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     ``[1, kv_heads, L, dim]``): block by block over a :class:`PackedBatch` row; without one, plain SDPA."""
     layout = kwargs.pop(LAYOUT_KWARG, None)
     if layout is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return transformers_api.sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                                       scaling=scaling, **kwargs)
     gqa = query.shape[1] != key.shape[1]
     outputs = []
     for block in layout.blocks:
@@ -177,8 +175,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return attn.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(ATTENTION_NAME, packed_attention)
-AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)  # unpacked calls get the masks SDPA gets
+transformers_api.register_attention(packed_attention, ATTENTION_NAME, sdpa_masks=True)  # unpacked calls: SDPA's masks
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:

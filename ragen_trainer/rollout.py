@@ -2,8 +2,9 @@
 
 Episodes are played by the one episode driver (:func:`ragen_envs.driver.play_episodes`, the same loop evaluation
 uses) with :class:`TokenAgent`, which generates and keeps the tokens. The N rollouts of a group reset with the group's
-seed, hence the same initial state (the GRPO / StarPO-S group), and by default the same env randomness (the
-reference's; ``group_randomness="independent"`` gives each further rollout its own, the driver's ``dynamics_seed``).
+seed, hence the same initial state (the GRPO / StarPO-S group), and with ``group_randomness="shared"`` the same env
+randomness (the reference's; ``group_randomness="independent"`` gives each further rollout its own, the driver's
+``dynamics_seed``).
 Each episode is a chat::
 
     system: reset info["system_prompt"]     user: observation     assistant: reply     user: next observation ...
@@ -18,7 +19,7 @@ and the text after the placeholder -- the template's end-of-turn marker, the nex
 prompt -- is tokenised and appended with ``loss_mask`` 0). Generation at turn t+1 always continues from exactly the
 ids kept at turn t, so sampling and training see the same sequence. Which ids a reply keeps is ``reply_tokens``:
 
-* ``"cleaned"`` (the default, the reference's: RAGEN ``ragen/llm_agent/ctx_manager.py``). The reply as the env
+* ``"cleaned"`` (the config's, the reference's: RAGEN ``ragen/llm_agent/ctx_manager.py``). The reply as the env
   received it (generation prefix + the model's text) is cleaned as ``ContextManager._parse_response`` does
   (:func:`clean_reply`: ``<think>...</think><answer>...</answer>``, or ``<answer>...</answer>`` with thinking off;
   text before the first tag and after the first ``</answer>`` dropped; a reply the pattern does not match is kept
@@ -106,18 +107,13 @@ from ragen_trainer.engines.base import (
     GenerationSession,
     SamplingParams,
 )
+from ragen_trainer.settings import LOSS_MASKS, REPLY_TOKENS, RolloutSettings, check_loss_mask, check_reply_tokens
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
 
 #: Stands in for the latest reply when the chat template is rendered to find the text that follows a reply.
 _PLACEHOLDER = "RAGEN_REPLY_PLACEHOLDER_7f3a"
 #: Per-turn sampling seeds are ``seed + turn * _SEED_STRIDE`` (distinct streams per turn, reproducible per run).
 _SEED_STRIDE = 1_000_003
-#: ``reply_tokens`` values: ``"cleaned"`` (the reference's: the cleaned reply re-tokenised, generation prefix trained)
-#: and ``"sampled"`` (the sampled ids kept exactly, generation prefix masked). See the module docstring.
-REPLY_TOKENS: tuple[str, ...] = ("cleaned", "sampled")
-#: ``loss_mask`` values: ``"after_system"`` (the paper's runs: everything after the system prompt) and ``"replies"``
-#: (the later reference: the replies only). See the module docstring.
-LOSS_MASKS: tuple[str, ...] = ("after_system", "replies")
 #: What the reference removes from the thinking and the answer of a well-formed reply (``ctx_manager.py``,
 #: ``ContextManager.special_token_list``), in its order.
 _REFERENCE_STRIPPED = ("<think>", "</think>", "<answer>", "</answer>", "<|im_start|>", "<|im_end|>")
@@ -326,8 +322,8 @@ class TokenAgent:
     prefix (``ProtocolSettings.generation_prefix``: ``<think>`` / ``<answer>`` by ``enable_think``, the reference's),
     and the env receives ``prefix + reply``. A chat engine (text only) gets the messages and no prefix.
 
-    ``reply_tokens`` says which tokens of a reply are kept and trained (see the module docstring): ``"cleaned"``
-    (the reference's) replaces the prefix and the sampled ids by the tokenisation of the cleaned reply
+    ``settings.reply_tokens`` says which tokens of a reply are kept and trained (see the module docstring):
+    ``"cleaned"`` (the reference's) replaces the prefix and the sampled ids by the tokenisation of the cleaned reply
     (:func:`clean_reply`) and the template's end-of-turn token, all with ``loss_mask`` 1; ``"sampled"`` keeps the
     sampled ids exactly, the prefix masked. Later prompts continue from the kept ids either way.
 
@@ -335,14 +331,16 @@ class TokenAgent:
         engine: a token engine (trainable trajectories) or a chat engine (``eval_only`` trajectories).
         tokenizer: the policy's tokenizer (``None`` only with a chat engine: no token ids are then kept).
         sampling: decoding settings; the sampling seed of each call is ``seed_for(episodes, turn)``.
-        max_context_tokens: the longest a conversation may grow; an episode whose next prompt would not leave room
-            for one generated token ends (truncated, ``stop="context full"``), and a reply that would overflow is cut.
+        settings: the rollout's settings (``StarPOConfig.rollout_settings()``); the agent uses three of them.
+            ``max_context_tokens``: the longest a conversation may grow; an episode whose next prompt would not leave
+            room for one generated token ends (truncated, ``stop="context full"``), and a reply that would overflow is
+            cut. ``reply_tokens``: ``"cleaned"`` (the reference's) or ``"sampled"``; applies to token engines (a chat
+            engine's replies are re-tokenised as they came, for ``eval_only`` trajectories). ``loss_mask``:
+            ``"replies"`` (only the replies are trained) or ``"after_system"`` (the paper's runs: everything after the
+            system prompt, the template's closing text appended); see the module docstring. (``group_randomness`` is
+            the job list's: :func:`ragen_envs.driver.rollout_jobs`.)
         seed_for: the sampling seed of a call from its live episodes and the turn index; default
             ``sampling.seed + turn * 1000003`` (distinct streams per turn, reproducible per run).
-        reply_tokens: ``"cleaned"`` (default, the reference's) or ``"sampled"``; applies to token engines (a chat
-            engine's replies are re-tokenised as they came, for ``eval_only`` trajectories).
-        loss_mask: ``"replies"`` (default: only the replies are trained) or ``"after_system"`` (the paper's runs:
-            everything after the system prompt, the template's closing text appended); see the module docstring.
     """
 
     def __init__(
@@ -351,20 +349,12 @@ class TokenAgent:
         tokenizer: Any,
         sampling: SamplingParams,
         *,
-        max_context_tokens: int = 3600,
+        settings: RolloutSettings,
         seed_for: Callable[[list[Episode], int], int | None] | None = None,
-        reply_tokens: str = "cleaned",
-        loss_mask: str = "replies",
     ) -> None:
         check_arg(isinstance(sampling, SamplingParams), "sampling", type(sampling).__name__, "a SamplingParams")
-        check_reply_tokens(reply_tokens)
-        check_loss_mask(loss_mask)
-        check_arg(
-            isinstance(max_context_tokens, int) and max_context_tokens >= 2,
-            "max_context_tokens",
-            max_context_tokens,
-            "an int >= 2",
-        )
+        check_arg(isinstance(settings, RolloutSettings), "settings", type(settings).__name__,
+                  "a RolloutSettings (StarPOConfig.rollout_settings())")  # fmt: skip
         self.engine = engine
         self.token_engine = bool(getattr(engine, "supports_token_ids", True))
         if self.token_engine:
@@ -373,9 +363,11 @@ class TokenAgent:
             )
         self.chat = ChatTokens(tokenizer) if tokenizer is not None else None
         self.sampling = sampling
-        self.max_context_tokens = max_context_tokens
-        self.reply_tokens = reply_tokens
-        self.loss_mask = loss_mask
+        self.settings = settings
+        # read on every turn of every episode: kept as plain attributes (checked when the settings were made)
+        self.max_context_tokens = settings.max_context_tokens
+        self.reply_tokens = settings.reply_tokens
+        self.loss_mask = settings.loss_mask
         self.seed_for = seed_for or (lambda episodes, turn: _sampling_seed(sampling.seed, turn))
         self.timings = {"generation": 0.0, "tokenization": 0.0}
         self._prefix_ids: dict[str, list[int]] = {}
@@ -614,28 +606,6 @@ def after_system_mask(input_ids: list[int], system_ids: list[int]) -> list[int]:
     return [1 if j >= start + 1 else 0 for j in range(len(input_ids))]
 
 
-def check_loss_mask(loss_mask: Any) -> None:
-    """Raise a ``ValueError`` unless ``loss_mask`` is one of :data:`LOSS_MASKS`."""
-    check_arg(
-        loss_mask in LOSS_MASKS,
-        "loss_mask",
-        loss_mask,
-        "'after_system' (the paper's runs: everything after the system prompt trained) or 'replies' (only the "
-        "model's replies)",
-    )
-
-
-def check_reply_tokens(reply_tokens: Any) -> None:
-    """Raise a ``ValueError`` unless ``reply_tokens`` is one of :data:`REPLY_TOKENS`."""
-    check_arg(
-        reply_tokens in REPLY_TOKENS,
-        "reply_tokens",
-        reply_tokens,
-        "'cleaned' (the reference's: the cleaned reply re-tokenised, generation prefix trained) or 'sampled' "
-        "(the sampled ids exactly, generation prefix masked)",
-    )
-
-
 def _trained_messages(messages: list[dict[str, str]], replies: list[str]) -> list[dict[str, str]]:
     """``messages`` with the assistant contents replaced, in order, by the replies as trained (the cleaned text
     under ``reply_tokens="cleaned"``), so the template renders the trained sequence."""
@@ -674,12 +644,9 @@ def collect_rollouts(
     seeds: list[int],
     group_size: int,
     *,
-    env_kwargs: dict[str, Any] | None = None,
+    settings: RolloutSettings,
     sampling: SamplingParams,
-    max_context_tokens: int = 3600,
-    group_randomness: str = "shared",
-    reply_tokens: str = "cleaned",
-    loss_mask: str = "replies",
+    env_kwargs: dict[str, Any] | None = None,
     progress: bool = False,
 ) -> RolloutBatch:
     """Run ``len(seeds) x group_size`` episodes of ``env_id`` with ``engine`` through the episode driver
@@ -693,18 +660,17 @@ def collect_rollouts(
         env_id: a registered id, e.g. ``"ragen/Sokoban-v0"``.
         seeds: one initial state per seed (P = ``len(seeds)``); group ``i`` uses ``seeds[i]``.
         group_size: rollouts per initial state (N).
-        env_kwargs: keyword arguments for ``gymnasium.make`` (env arguments, ``protocol=`` settings).
+        settings: the rollout's settings, made by the config (``StarPOConfig.rollout_settings()``):
+            ``max_context_tokens``, the longest a conversation may grow (prompt + replies: an episode that fills it
+            ends ``truncated`` and a reply that would overflow it is cut); ``group_randomness``, ``"shared"`` (the
+            reference's: a group's rollouts see the same payouts and slips) or ``"independent"`` (each rollout its
+            own; :func:`ragen_envs.driver.rollout_jobs`); ``reply_tokens``, the trained tokens of each reply:
+            ``"cleaned"`` (the reference's: the reply cleaned by :func:`clean_reply` and re-tokenised, the generation
+            prefix trained; ``old_logprobs`` is then ``None``) or ``"sampled"`` (the sampled ids exactly, with their
+            log-probs; the prefix masked); ``loss_mask``, the trained positions: ``"replies"`` (the replies only) or
+            ``"after_system"`` (the paper's runs: everything after the system prompt). See the module docstring.
         sampling: decoding settings; with ``sampling.seed`` set, turn ``t`` samples with ``seed + t * 1000003``.
-        max_context_tokens: the longest a conversation may grow (prompt + replies); an episode that fills it ends
-            ``truncated`` and a reply that would overflow it is cut.
-        group_randomness: ``"shared"`` (the reference's: a group's rollouts see the same payouts and slips) or
-            ``"independent"`` (each rollout its own; :func:`ragen_envs.driver.rollout_jobs`).
-        reply_tokens: the trained tokens of each reply: ``"cleaned"`` (the reference's: the reply cleaned by
-            :func:`clean_reply` and re-tokenised, the generation prefix trained; ``old_logprobs`` is then ``None``)
-            or ``"sampled"`` (the sampled ids exactly, with their log-probs; the prefix masked). See the module
-            docstring.
-        loss_mask: the trained positions: ``"replies"`` (the replies only) or ``"after_system"`` (the paper's runs:
-            everything after the system prompt). See the module docstring.
+        env_kwargs: keyword arguments for ``gymnasium.make`` (env arguments, ``protocol=`` settings).
         progress: show a progress bar (episodes finished, current turn).
 
     Returns:
@@ -721,9 +687,8 @@ def collect_rollouts(
     if env_id not in gym.registry:
         known = sorted(k for k in gym.registry if k.startswith("ragen/"))
         raise ValueError(f"invalid argument env_id={env_id!r}: not a registered gymnasium id; ragen ids: {known}")
-    agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens,
-                       loss_mask=loss_mask)  # fmt: skip
-    jobs = rollout_jobs(list(seeds), group_size, group_randomness=group_randomness)
+    agent = TokenAgent(engine, tokenizer, sampling, settings=settings)
+    jobs = rollout_jobs(list(seeds), group_size, group_randomness=settings.group_randomness)
     started = time.perf_counter()
     bar = progress_bar(progress, len(jobs), env_id)
     try:
@@ -782,10 +747,11 @@ def placed_rewards(traj: Trajectory, placement: Literal["trajectory", "turn"] = 
 __all__ = [
     "LOSS_MASKS",
     "REPLY_TOKENS",
+    "ChatTokens",
+    "RolloutSettings",
+    "TokenAgent",
     "after_system_mask",
     "check_loss_mask",
-    "ChatTokens",
-    "TokenAgent",
     "check_prefix_supported",
     "check_reply_tokens",
     "clean_reply",

@@ -43,6 +43,7 @@ from ragen_trainer.critic import CRITIC_ATTR, policy_copy
 from ragen_trainer.engines.base import GenerationEngine, SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.rollout import TokenAgent, progress_bar
+from ragen_trainer.settings import RolloutSettings
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
 
 #: View-only arguments of a game env (the PettingZoo env seats both players itself).
@@ -103,6 +104,23 @@ class OpponentPool:
             self._engine = HFEngine(self._model, self.tokenizer, batch_size=self.batch_size)
         return self._engine, taken
 
+    def play(self, engine: GenerationEngine, tokenizer: Any, env_id: str, seeds: list[int], local: list[int],
+             group_size: int, step: int, model: Any, **rollout_kwargs: Any) -> RolloutBatch:
+        """Training step ``step``'s self-play games of this process's groups ``local`` (indexes into ``seeds``, all
+        the step's initial states): each group's opponent drawn from the pool (the draw covers every group, so it is
+        the same on every process), a snapshot of ``model`` taken when one is due. The batch's ``metrics`` name the
+        snapshot the ``"past"`` games faced (``selfplay/past_snapshot_step``)."""
+        kinds = self.kinds(step, len(seeds))
+        self.observe(step, model)
+        past, metrics = None, {}
+        if "past" in kinds:
+            past, taken = self.past_engine(step)
+            metrics["selfplay/past_snapshot_step"] = float(taken)
+        batch = collect_selfplay_rollouts(engine, tokenizer, env_id, [seeds[g] for g in local], group_size,
+                                          [kinds[g] for g in local], past_engine=past, **rollout_kwargs)
+        batch.metrics.update(metrics)
+        return batch
+
 
 def learner_seat(env_kwargs: dict[str, Any], seed: int) -> int:
     """The seat the learner takes against a non-self opponent: ``env_kwargs["seat"]`` when set, else ``seed % 2``."""
@@ -118,13 +136,10 @@ def collect_selfplay_rollouts(
     group_size: int,
     opponents: list[str],
     *,
-    env_kwargs: dict[str, Any] | None = None,
+    settings: RolloutSettings,
     sampling: SamplingParams,
+    env_kwargs: dict[str, Any] | None = None,
     past_engine: GenerationEngine | None = None,
-    max_context_tokens: int = 3600,
-    group_randomness: str = "shared",
-    reply_tokens: str = "cleaned",
-    loss_mask: str = "replies",
     progress: bool = False,
 ) -> RolloutBatch:
     """Play ``len(seeds) x group_size`` games of ``env_id``'s game, group ``g`` against ``opponents[g]``, and return
@@ -137,12 +152,12 @@ def collect_selfplay_rollouts(
         seeds: the initial states (P).
         group_size: games per initial state (N).
         opponents: per group, ``"self"``, ``"past"`` or a fixed opponent's name.
+        settings: the rollout's settings (``StarPOConfig.rollout_settings()``), of the policy and the snapshot
+            alike: as :func:`ragen_trainer.rollout.collect_rollouts`.
+        sampling: decoding settings of both the policy and the snapshot.
         env_kwargs: the run's env arguments (``cfg.env_make_kwargs()``: the game's arguments, ``protocol=``;
             ``opponent`` and ``seat`` belong to the single-agent view and only ``seat`` is read, for the learner).
-        sampling: decoding settings of both the policy and the snapshot.
         past_engine: the snapshot's engine (needed when a group's opponent is ``"past"``).
-        max_context_tokens, group_randomness, reply_tokens, loss_mask: as
-            :func:`ragen_trainer.rollout.collect_rollouts`.
         progress: show a progress bar (games finished).
     """
     game = game_of(env_id)
@@ -153,10 +168,8 @@ def collect_selfplay_rollouts(
               "an engine on a snapshot of the policy when a group plays 'past'")  # fmt: skip
     kwargs = dict(env_kwargs or {})
     game_kwargs = {k: v for k, v in kwargs.items() if k not in _VIEW_ONLY_KWARGS}
-    policy = TokenAgent(engine, tokenizer, sampling, max_context_tokens=max_context_tokens, reply_tokens=reply_tokens,
-                        loss_mask=loss_mask)  # fmt: skip
-    past = (TokenAgent(past_engine, tokenizer, sampling, max_context_tokens=max_context_tokens,
-                       reply_tokens=reply_tokens, loss_mask=loss_mask) if past_engine is not None else None)  # fmt: skip
+    policy = TokenAgent(engine, tokenizer, sampling, settings=settings)
+    past = TokenAgent(past_engine, tokenizer, sampling, settings=settings) if past_engine is not None else None
     table = dict(GAMES[game].env.opponents)
     fixed = {name: FixedOpponentAgent(name, table, game) for name in set(opponents) - set(POLICY_OPPONENTS)}
 
@@ -169,7 +182,7 @@ def collect_selfplay_rollouts(
         agents = (policy, other) if seat == 0 else (other, policy)
         return Matchup(agents, (seat == 0, seat == 1), kind)
 
-    jobs = rollout_jobs(list(seeds), group_size, group_randomness=group_randomness)
+    jobs = rollout_jobs(list(seeds), group_size, group_randomness=settings.group_randomness)
     started = time.perf_counter()
     bar = progress_bar(progress, len(jobs), f"{env_id} self-play", unit="game")
     try:

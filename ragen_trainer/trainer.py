@@ -32,15 +32,12 @@ update (a process with nothing to train gets a zero-weight micro-batch, so DDP's
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import dataclasses
 import json
 import logging
 import math
 import os
-import pickle
-import random
 import shutil
 import signal
 import sys
@@ -56,30 +53,42 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import gather_object
 from tqdm.auto import tqdm
-from transformers import get_scheduler
-from transformers.trainer_utils import set_seed
+from transformers import get_scheduler, set_seed
 from trl.models.utils import prepare_deepspeed, unwrap_model_for_generation
 
-from ragen_trainer.checkpoints import (
-    TRAINER_STATE_FILE,
-    RunFolder,
-    SignalGuard,
+from ragen_trainer.checkpoints.folders import RunFolder, plan_run_folder
+from ragen_trainer.checkpoints.layout import (
+    MONITOR_FILE,
+    OPTIMIZER_FILE,
+    SCHEDULER_FILE,
     checkpoint_step,
+    newest_checkpoint,
+    staging_path,
+    write_checkpoint_marker,
+)
+from ragen_trainer.checkpoints.publish import (
+    CheckpointSaveError,
+    SignalGuard,
     disk_full_message,
     folder_size,
     is_disk_full,
-    newest_checkpoint,
-    plan_run_folder,
     publish_folder,
-    read_trainer_state,
     rotate_checkpoints,
-    staging_path,
 )
+from ragen_trainer.checkpoints.rng import set_rng_state
+from ragen_trainer.checkpoints.state import (
+    load_policy_weights,
+    load_state_into,
+    read_training_state,
+    write_rng_state,
+    write_training_state,
+)
+from ragen_trainer.checkpoints.verify import checkpoint_problems
 from ragen_trainer.config import StarPOConfig
 from ragen_trainer.critic import (
     CRITIC_ATTR,
+    PolicyWithCritic,
     attach_critic,
-    install_policy_forward,
     load_critic,
     policy_copy,
     save_critic,
@@ -95,29 +104,17 @@ from ragen_trainer.distributed import (
 )
 from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.factory import make_training_engine, training_engine_choice
-from ragen_trainer.host_memory import peak_rss_bytes, return_freed_memory
 from ragen_trainer.fileio import atomic_write_json
 from ragen_trainer.filtering import filter_groups
+from ragen_trainer.host_memory import peak_rss_bytes, return_freed_memory
 from ragen_trainer.model_card import serving_settings, serving_tokenizer, write_serving_files
-from ragen_trainer.models import (
-    RNG_STATE_FILE,
-    RNG_STATE_FORMAT,
-    base_model_name,
-    checkpoint_problems,
-    enable_activation_checkpointing,
-    legacy_rng_files,
-    load_policy_weights,
-    quiet_progress_bars,
-    read_rng_state,
-    rng_state_name,
-    write_checkpoint_marker,
-)
+from ragen_trainer.models import base_model_name, enable_activation_checkpointing, quiet_progress_bars
 from ragen_trainer.monitor import EchoTrapMonitor, MetricsLogger, rollout_metrics, truncate_metrics
 from ragen_trainer.optimizer import GroupClippedAdamW
 from ragen_trainer.packing import PackedBatch, pack, use_packed_attention
 from ragen_trainer.precision import Precision
 from ragen_trainer.rollout import collect_rollouts
-from ragen_trainer.selfplay import OpponentPool, collect_selfplay_rollouts, selfplay_metrics
+from ragen_trainer.selfplay import OpponentPool, selfplay_metrics
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
 from ragen_trainer.update import (
     TrainingBatch,
@@ -135,13 +132,8 @@ from ragen_trainer.update import (
 VAL_SEED_BASE = 1_000_000_000
 #: Training seeds of step s are ``TRAIN_SEED_STRIDE * seed + s * env_groups + g``.
 TRAIN_SEED_STRIDE = 10_000_019
-#: The Echo Trap monitor's history, saved in every checkpoint folder.
-MONITOR_FILE = "echo_trap_monitor.json"
 #: The metric each optimizer group's gradient norm (before clipping) is logged under.
 GRAD_NORM_KEYS = {"policy": "optim/grad_norm", "critic": "critic/grad_norm"}
-#: The optimizer's and the learning-rate schedule's states in a checkpoint (one process, or DDP).
-OPTIMIZER_FILE = "optimizer.pt"
-SCHEDULER_FILE = "scheduler.pt"
 #: A phase (the update) that took longer than this (seconds) in the previous step, or has not been timed yet in this
 #: run, is announced with a line before it starts: a CPU run's first update can take minutes without a row.
 LONG_PHASE_S = 10.0
@@ -246,7 +238,6 @@ class StarPOTrainer:
             ref_model = policy_copy(model)
         if cfg.use_critic:
             attach_critic(model, cfg.critic)
-        install_policy_forward(model)
         use_packed_attention(model)  # packed micro-batches: no padding, each group's prefix once (ragen_trainer.packing)
         if cfg.gradient_checkpointing:  # verl's default: the same gradients in a fraction of the activations' memory
             enable_activation_checkpointing(model)
@@ -265,7 +256,6 @@ class StarPOTrainer:
         if ref_model is not None:
             ref_model.eval().requires_grad_(False)
             ref_model = ref_model.to(device=self.accelerator.device, dtype=self.precision.compute)
-            install_policy_forward(ref_model)
             use_packed_attention(ref_model)
             # Under ZeRO-3 the frozen reference is sharded too (TRL's helper wraps it in an inference engine).
             self.ref_model = prepare_deepspeed(ref_model, self.accelerator) if self._zero3 else ref_model
@@ -284,7 +274,6 @@ class StarPOTrainer:
         self.optimizer_steps = 0
         self._logger: MetricsLogger | None = None
         self._opponents: OpponentPool | None = None
-        self._selfplay_snapshot_step: float | None = None  # the past snapshot the step's games drew, for its metrics
         self._unlogged: dict[str, float] = {}  # metrics of steps between two logged ones
         self._signals = SignalGuard()
 
@@ -323,9 +312,9 @@ class StarPOTrainer:
               overwrite: bool = False) -> TrainResult:
         """Train ``total_steps`` steps; Ctrl-C (or SIGTERM) saves a checkpoint first and returns ``interrupted``.
 
-        What happens with ``output_dir`` (:func:`ragen_trainer.config.check_output_folder`): a run there whose config
+        What happens with ``output_dir`` (:func:`ragen_trainer.checkpoints.folders.check_output_folder`): a run there whose config
         matches is continued from its newest checkpoint that verifies (newer broken ones are skipped with a warning);
-        a changed config raises :class:`~ragen_trainer.config.RunConflictError` unless ``force_resume`` (continue with
+        a changed config raises :class:`~ragen_trainer.checkpoints.folders.RunConflictError` unless ``force_resume`` (continue with
         the new config) or ``overwrite`` (delete the old run and start over; also what ``config.resume=False`` and
         ``resume_from_checkpoint=False`` mean). A run that already finished all its steps is left as it is.
         ``resume_from_checkpoint`` may name a checkpoint folder, which must verify. ``summary.json`` holds the result.
@@ -409,10 +398,12 @@ class StarPOTrainer:
 
         # 1. Rollout: P initial states x N rollouts with the current policy.
         t0 = time.perf_counter()
-        trajs, rollout_timings = self.rollout(step)
-        timings.update({f"time/{k}": v for k, v in rollout_timings.items()})
+        rolled = self.rollout(step)
+        trajs = rolled.trajectories
+        timings.update({f"time/{k}": v for k, v in rolled.timings.items()})
         timings["time/rollout"] = time.perf_counter() - t0
         metrics.update(self._rollout_metrics(trajs))
+        metrics.update(rolled.metrics)
 
         # 2. StarPO-S filter: keep the groups with the most reward variance; the others are never scored or trained.
         kept, filter_stats = self.filter(trajs)
@@ -472,15 +463,15 @@ class StarPOTrainer:
         return tqdm(total=updates, desc=f"step {step + 1} update", unit="optimizer step", leave=False)
 
     # ------------------------------------------------------------------------------------------------- 1. rollout
-    def rollout(self, step: int) -> tuple[list[Trajectory], dict[str, float]]:
-        """The step's trajectories (P x N; a self-play step: P x N per seat) and the rollout's timings."""
+    def rollout(self, step: int) -> RolloutBatch:
+        """The step's trajectories (P x N; a self-play step: P x N per seat), with the rollout's timings and the
+        collector's own metrics."""
         cfg = self.cfg
         return self._collect(step_seeds(cfg, step), cfg.group_size, cfg.temperature,
                              sampling_seed=cfg.seed * 7919 + step, selfplay=bool(cfg.opponent_pool), step=step)
 
     def _collect(self, seeds: list[int], group_size: int, temperature: float, *, sampling_seed: int, step: int,
-                 selfplay: bool = False, env: tuple[str, dict[str, Any]] | None = None,
-                 ) -> tuple[list[Trajectory], dict[str, float]]:
+                 selfplay: bool = False, env: tuple[str, dict[str, Any]] | None = None) -> RolloutBatch:
         """Roll out ``seeds`` x ``group_size``: this process's share of the groups, then gathered everywhere.
         ``selfplay``: games against the opponent pool (training steps of a self-play run; validation plays the
         single-agent view). ``env``: another env id and its make kwargs (a validation split) instead of the run's."""
@@ -490,26 +481,24 @@ class StarPOTrainer:
         local = list(range(rank, len(seeds), world))
         params = SamplingParams(temperature=temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                                 seed=(sampling_seed * 131 + rank) % (2**31))
-        common = dict(env_kwargs=env_kwargs, sampling=params, max_context_tokens=cfg.max_context_tokens,
-                      group_randomness=cfg.group_randomness, reply_tokens=cfg.reply_tokens,
-                      loss_mask=cfg.loss_mask, progress=self.is_main_process)  # fmt: skip
-        trajs: list[Trajectory] = []
-        timings: dict[str, float] = {}
+        common = {"settings": cfg.rollout_settings(), "sampling": params, "env_kwargs": env_kwargs,
+                  "progress": self.is_main_process}
+        batch = RolloutBatch([])
         with self._generation_model() as unwrapped:
             self._sync_engine(unwrapped)  # every process takes part (ZeRO-3 gathers), even with no groups of its own
             if local:
                 if selfplay:  # groups 2g + seat (ragen_trainer.selfplay)
-                    batch = self._collect_selfplay(unwrapped, seeds, local, group_size, common, step)
+                    batch = self._opponent_pool().play(self.engine, self.tokenizer, cfg.env_id, seeds, local,
+                                                       group_size, step, unwrapped, **common)
                 else:
                     batch = collect_rollouts(self.engine, self.tokenizer, env_id, [seeds[g] for g in local],
                                              group_size, **common)  # fmt: skip
                 for t in batch.trajectories:  # local group index -> global group index
                     t.group_id = (2 * local[t.group_id // 2] + t.group_id % 2) if selfplay else local[t.group_id]
-                trajs, timings = batch.trajectories, dict(batch.timings)
         if world > 1:
-            trajs = gather_object(trajs)
-            trajs.sort(key=lambda t: t.group_id)  # stable: rollouts keep their order inside a group
-        return trajs, timings
+            batch.trajectories = gather_object(batch.trajectories)
+            batch.trajectories.sort(key=lambda t: t.group_id)  # stable: rollouts keep their order inside a group
+        return batch
 
     @contextlib.contextmanager
     def _generation_model(self) -> Iterator[Any]:
@@ -521,43 +510,33 @@ class StarPOTrainer:
         else:
             yield self.policy
 
-    def _collect_selfplay(self, unwrapped: Any, seeds: list[int], local: list[int], group_size: int,
-                          common: dict[str, Any], step: int) -> RolloutBatch:
-        """Self-play rollouts of this process's groups: each group's opponent drawn from the pool (the draw covers
-        all groups, so it is the same on every process), a snapshot of the policy taken when one is due."""
-        cfg = self.cfg
+    def _opponent_pool(self) -> OpponentPool:
+        """The self-play run's opponent pool, made on first use."""
         if self._opponents is None:
+            cfg = self.cfg
             self._opponents = OpponentPool(cfg.opponent_pool, snapshot_every=cfg.opponent_snapshot_every,
                                            size=cfg.opponent_pool_size, seed=cfg.seed, tokenizer=self.tokenizer,
                                            batch_size=cfg.generation_batch_size)  # fmt: skip
-        kinds = self._opponents.kinds(step, len(seeds))
-        self._opponents.observe(step, unwrapped)  # a snapshot of the policy when one is due (``past`` in the pool)
-        past_engine = None
-        if "past" in kinds:
-            past_engine, taken = self._opponents.past_engine(step)
-            self._selfplay_snapshot_step = float(taken)
-        return collect_selfplay_rollouts(self.engine, self.tokenizer, cfg.env_id, [seeds[g] for g in local],
-                                         group_size, [kinds[g] for g in local], past_engine=past_engine,
-                                         **common)  # fmt: skip
+        return self._opponents
 
     def _sync_engine(self, unwrapped: Any) -> None:
         """Give the engine the current weights. An in-process engine (hf, vLLM colocate) gets them on every
         process; a vLLM *server* is shared, so only the main process pushes, and everyone waits for the push."""
-        server = getattr(self.engine, "mode", None) == "server"
-        if getattr(self.engine, "name", "") in ("hf", "hf-generate"):
+        # What the engine says it can (GenerationEngine's capability attributes; an engine of the user's own that
+        # does not subclass it gets the defaults: weights copied, one engine per process).
+        by_reference = getattr(self.engine, "weights_by_reference", False)
+        shared = getattr(self.engine, "shared_across_processes", False)
+        if by_reference:
             self.engine.update_weights(unwrapped)
-        elif not server or self.is_main_process:
+        elif not shared or self.is_main_process:
             self.engine.update_weights(PolicyView(unwrapped))
-        if server and self.accelerator.num_processes > 1:
+        if shared and self.accelerator.num_processes > 1:
             self.accelerator.wait_for_everyone()
 
     def _rollout_metrics(self, trajs: list[Trajectory]) -> dict[str, float]:
         metrics = {k: float(v) for k, v in rollout_metrics(RolloutBatch(trajs), self.tokenizer).items()
                    if isinstance(v, (int, float))}  # fmt: skip
         metrics.update(selfplay_metrics(trajs))  # per seat and opponent (empty unless self-play)
-        if self._selfplay_snapshot_step is not None:
-            metrics["selfplay/past_snapshot_step"] = self._selfplay_snapshot_step
-            self._selfplay_snapshot_step = None
         return metrics
 
     # ------------------------------------------------------------------------------------------------- 2. filter
@@ -591,6 +570,8 @@ class StarPOTrainer:
         mine = [int(i) for i in np.array_split(np.arange(len(kept)), world)[rank]]  # contiguous: groups stay together
         passes = max(1, math.ceil(len(kept) / (world * size)))  # the same on every process (ZeRO-3 gathers meet)
         out: dict[int, dict[str, list[float]]] = {}
+        policy = PolicyWithCritic(self.model)
+        reference = PolicyWithCritic(self.ref_model) if self.ref_model is not None else None
         self.model.eval()
         try:
             for p in range(passes):
@@ -603,13 +584,13 @@ class StarPOTrainer:
                 with self.precision.autocast():
                     logp = values = None
                     if logprobs:
-                        logp, _, values = token_logprobs(self.model, packed, mask, temperature=self.cfg.temperature,
+                        logp, _, values = token_logprobs(policy, packed, mask, temperature=self.cfg.temperature,
                                                          entropy=False, values=self.cfg.use_critic)
                     elif self.cfg.use_critic:
-                        values = token_values(self.model, packed, mask)
+                        values = token_values(policy, packed, mask)
                     ref = None
-                    if self.ref_model is not None:
-                        ref, _, _ = token_logprobs(self.ref_model, packed, mask, temperature=self.cfg.temperature,
+                    if reference is not None:
+                        ref, _, _ = token_logprobs(reference, packed, mask, temperature=self.cfg.temperature,
                                                    entropy=False, values=False)
                 for row, i in enumerate(chunk):
                     n = len(kept[i].input_ids) - 1
@@ -675,7 +656,7 @@ class StarPOTrainer:
 
     def compute_loss(self, model: Any, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
         """The loss of one micro-batch and its statistics (:func:`ragen_trainer.update.ppo_loss`)."""
-        return ppo_loss(self.cfg, model, micro)
+        return ppo_loss(self.cfg, PolicyWithCritic(model), micro)
 
     def _no_sync(self, skip: bool) -> Any:
         """DDP's ``no_sync`` on every micro-batch but a mini-batch's last (the gradients are all-reduced once)."""
@@ -693,8 +674,8 @@ class StarPOTrainer:
         t0 = time.perf_counter()
         out: dict[str, float] = {}
         for name, env in [("", None), *self.val_splits.items()]:
-            trajs, _ = self._collect(seeds, 1, cfg.val_temperature, sampling_seed=VAL_SEED_BASE + step, step=step,
-                                     env=env)
+            trajs = self._collect(seeds, 1, cfg.val_temperature, sampling_seed=VAL_SEED_BASE + step, step=step,
+                                  env=env).trajectories
             n = max(len(trajs), 1)
             prefix = f"val/{name}/" if name else "val/"
             out[prefix + "success"] = sum(bool(t.success) for t in trajs) / n
@@ -838,26 +819,20 @@ class StarPOTrainer:
 
     def _save_training_state(self, folder: str) -> None:
         """What resuming needs besides the weights: the optimizer, the schedule, every process's RNG, the step and
-        the histories (validation, Echo Trap monitor)."""
+        the histories (validation, Echo Trap monitor); written by :mod:`ragen_trainer.checkpoints.state`."""
         if self.deepspeed:  # the partitioned optimizer state, every process its own part
             save_engine_state(self.model, folder)
         if self.is_main_process:
-            if not self.deepspeed:
-                torch.save(self.adamw.state_dict(), os.path.join(folder, OPTIMIZER_FILE))
-            torch.save(self.scheduler.state_dict(), os.path.join(folder, SCHEDULER_FILE))
-            atomic_write_json(os.path.join(folder, TRAINER_STATE_FILE), _finite({
+            write_training_state(folder, trainer_state=_finite({
                 "global_step": self.global_step,
                 "optimizer_steps": self.optimizer_steps,
                 "world_size": self.accelerator.num_processes,
                 "deepspeed_stage": zero_stage(self.accelerator) if self.deepspeed else None,
                 "val_history": self.val_history,
-            }), indent=1)
-            # The Echo Trap monitor judges trends (a std cliff against its recent peak): a resumed run needs them.
-            atomic_write_json(os.path.join(folder, MONITOR_FILE), _finite(self.monitor.state_dict()), indent=None)
+            }), monitor_state=_finite(self.monitor.state_dict()), scheduler_state=self.scheduler.state_dict(),
+                optimizer_state=None if self.deepspeed else self.adamw.state_dict())
         self.accelerator.wait_for_everyone()
-        # JSON, not torch.save: a pickle in the run folder would run code when a resume reads it
-        rank = self.accelerator.process_index if self.accelerator.num_processes > 1 else None
-        atomic_write_json(os.path.join(folder, rng_state_name(rank)), _rng_state(), indent=None)
+        write_rng_state(folder, self.accelerator.process_index if self.accelerator.num_processes > 1 else None)
 
     def _resume(self, checkpoint: str) -> int:
         """Load a checkpoint's weights, critic, optimizer, schedule, RNG and histories; returns its step."""
@@ -870,7 +845,6 @@ class StarPOTrainer:
 
     def load_checkpoint(self, folder: str) -> None:
         """Load ``folder`` (a ``checkpoint-N`` that verifies) into this trainer."""
-        state = read_trainer_state(folder)
         saved_with_deepspeed = (Path(folder) / "latest").is_file()
         if saved_with_deepspeed != self.deepspeed:
             raise ValueError(f"the checkpoint {folder} was saved {'with' if saved_with_deepspeed else 'without'} "
@@ -878,52 +852,28 @@ class StarPOTrainer:
                              "state cannot be read; resume it as it was trained (or start a new run from its weights "
                              "with --model)")
         # Every file is read and checked before anything is loaded into the model: a refused file leaves it as it was.
-        schedule_file = os.path.join(folder, SCHEDULER_FILE)
-        schedule = _load_plain_torch_file(schedule_file)
-        optimizer_file = os.path.join(folder, OPTIMIZER_FILE)
-        optimizer = None if self.deepspeed else _load_plain_torch_file(optimizer_file)
-        rng = self._checkpoint_rng_state(folder)
+        saved = read_training_state(folder, optimizer=not self.deepspeed, rank=self.accelerator.process_index,
+                                    main=self.is_main_process)
+        state = saved.trainer_state
         if self.deepspeed:  # DeepSpeed restores the module (master weights included) and its optimizer partitions
             load_engine_state(self.accelerator, self.model, folder, int(state.get("world_size") or 0))
         else:
             policy = self.policy
             load_policy_weights(policy, folder)
             load_critic(policy, folder)
-            _load_state_dict(self.adamw, optimizer, optimizer_file)
-        _load_state_dict(self.scheduler, schedule, schedule_file)
-        if rng is not None:
-            _set_rng_state(*rng)  # last: a refused file above leaves the generators as they were
+            load_state_into(self.adamw, saved.optimizer, os.path.join(folder, OPTIMIZER_FILE))
+        load_state_into(self.scheduler, saved.scheduler, os.path.join(folder, SCHEDULER_FILE))
+        if saved.rng is not None:
+            set_rng_state(*saved.rng)  # last: a refused file above leaves the generators as they were
         self.global_step = int(state.get("global_step", checkpoint_step(folder)))
         self.optimizer_steps = int(state.get("optimizer_steps", 0))
         self.val_history = list(state.get("val_history", []))
-        monitor = Path(folder) / MONITOR_FILE
-        if monitor.is_file():
-            try:  # JSON the trainer wrote: a damaged one is a message naming it, not a traceback
-                self.monitor.load_state_dict(json.loads(monitor.read_text(encoding="utf-8")))
-            except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-                raise ValueError(f"{monitor} is not the Echo Trap monitor's state ({type(exc).__name__}: "
-                                 f"{str(exc)[:120]}); resume from another checkpoint") from None
-
-    def _checkpoint_rng_state(self, folder: str) -> tuple[dict[str, Any], str] | None:
-        """This process's RNG state in checkpoint ``folder``, read and checked, with its file; ``None`` (with a
-        warning) for a checkpoint of an older ragen, whose ``rng_state*.pth`` pickles are never read, or one without
-        any."""
-        own = Path(folder) / rng_state_name(self.accelerator.process_index)
-        path = own if own.is_file() else Path(folder) / RNG_STATE_FILE
-        if path.is_file():
-            return read_rng_state(path), str(path)
-        legacy = legacy_rng_files(folder)
-        if legacy and self.is_main_process:
-            logger.warning(
-                "%s: the RNG state was not restored: this checkpoint keeps it in %s, a pickle (torch.save), a format "
-                "that can run code when read, which ragen no longer reads. The weights, optimizer and schedule are "
-                "loaded; the random streams (sampling, shuffles) continue from this run's seed instead of where "
-                "they stood, so the resumed run is not bit-for-bit the uninterrupted one. The next checkpoint "
-                "stores it as %s.", folder, ", ".join(p.name for p in legacy), RNG_STATE_FILE)
-        elif not legacy:  # checkpoint_problems refuses this unless DeepSpeed's state stands in (as before: tolerated)
-            logger.warning("%s holds no RNG state (%s): the random streams continue from this run's seed",
-                           folder, RNG_STATE_FILE)
-        return None
+        if saved.monitor is not None:
+            try:
+                self.monitor.load_state_dict(saved.monitor)
+            except (ValueError, TypeError, KeyError, AttributeError) as exc:
+                raise ValueError(f"{Path(folder) / MONITOR_FILE} is not the Echo Trap monitor's state "
+                                 f"({type(exc).__name__}: {str(exc)[:120]}); resume from another checkpoint") from None
 
     def _save_interrupted(self) -> None:
         """After Ctrl-C: a checkpoint of the last finished step (unless one exists, or no step finished)."""
@@ -964,10 +914,6 @@ class StarPOTrainer:
                            resumed_from=None, finished_before=True)
 
 
-class CheckpointSaveError(OSError):
-    """A checkpoint or the final model could not be written (the disk is full); the message says what was kept."""
-
-
 class PolicyView:
     """The policy without its critic, for engines that copy weights (vLLM): ``state_dict`` and ``parameters`` skip
     the ``ragen_critic.`` entries, everything else is the model's."""
@@ -1005,85 +951,6 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def _rng_state() -> dict[str, Any]:
-    """This process's random generators as JSON-ready data (:data:`~ragen_trainer.models.RNG_STATE_FILE`): Python's
-    and numpy's Mersenne Twisters as lists of words, torch's generator states as base64 of their bytes."""
-    version, internal, gauss = random.getstate()
-    bit_generator, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "format": RNG_STATE_FORMAT,
-        "python": {"version": version, "state": list(internal), "gauss": gauss},
-        "numpy": {"bit_generator": bit_generator, "key": [int(k) for k in key], "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch_cpu": _b64(torch.random.get_rng_state()),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = [_b64(s) for s in torch.cuda.random.get_rng_state_all()]
-    return state
-
-
-def _b64(tensor: torch.Tensor) -> str:
-    return base64.b64encode(tensor.cpu().numpy().tobytes()).decode("ascii")
-
-
-def _byte_tensor(raw: bytes) -> torch.Tensor:
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-
-
-def _set_rng_state(state: dict[str, Any], path: str = "the RNG state") -> None:
-    """Set the generators from :func:`ragen_trainer.models.read_rng_state`'s ``state`` (read from ``path``); a state
-    the generators refuse (a damaged file of the right shape) is a ``ValueError`` naming ``path``."""
-    saved = (random.getstate(), np.random.get_state(), torch.random.get_rng_state())
-    try:
-        random.setstate(state["python"])
-        np.random.set_state(state["numpy"])
-        torch.random.set_rng_state(_byte_tensor(state["torch_cpu"]))
-    except (ValueError, TypeError, RuntimeError) as exc:
-        random.setstate(saved[0])  # all or nothing: the generators stay as they were
-        np.random.set_state(saved[1])
-        torch.random.set_rng_state(saved[2])
-        raise ValueError(f"{path} holds an RNG state the generators refuse ({str(exc)[:120]})") from None
-    if "cuda" in state and torch.cuda.is_available():
-        with contextlib.suppress(RuntimeError):  # another GPU count than when saved
-            torch.cuda.random.set_rng_state_all([_byte_tensor(s) for s in state["cuda"]])
-
-
-def _load_plain_torch_file(path: str) -> Any:
-    """A ``torch.save`` file of tensors and plain containers (the optimizer's or the schedule's state), read with
-    torch's restricted unpickler (``weights_only=True``), so that a crafted file cannot run code. Anything else --
-    a pickle that names other Python objects, a damaged file -- is a ``ValueError`` naming the file and what it
-    holds, not torch's traceback (whose advice, to allowlist the object, is the wrong one for a file handed over)."""
-    refused = ("it is not loaded, since such a file can run code when read. Delete this checkpoint if you did not "
-               "make it, or resume from another checkpoint")
-    try:  # names the objects (torch.load's own error names only the first)
-        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except (ValueError, RuntimeError, OSError, EOFError, pickle.UnpicklingError):
-        unsafe = []  # a pickle this scan cannot follow: torch.load below refuses it or reads it safely
-    if unsafe:
-        raise ValueError(f"{path} holds something other than tensors and plain data: it names the Python object(s) "
-                         f"{', '.join(sorted(unsafe)[:5])}, which ragen never saves there; {refused}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        reason = next((line for line in lines if "WeightsUnpickler error" in line), lines[0] if lines else "")
-        raise ValueError(f"{path} holds something other than tensors and plain data ({reason[:200]}); "
-                         f"{refused}") from None
-    except (RuntimeError, OSError, EOFError, ValueError) as exc:
-        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path} is not a readable torch file ({first}); resume from another checkpoint") from None
-
-
-def _load_state_dict(target: Any, state: Any, path: str) -> None:
-    """``target.load_state_dict(state)`` (an optimizer or a schedule), with a ``ValueError`` naming ``path`` when the
-    state does not fit it."""
-    try:
-        target.load_state_dict(state)
-    except (ValueError, TypeError, KeyError, IndexError, AttributeError, RuntimeError) as exc:
-        raise ValueError(f"{path} does not fit this run ({type(exc).__name__}: {str(exc)[:160]}); resume from "
-                         "another checkpoint, or start a new run from its weights with --model") from None
-
-
 def _finite(value: Any) -> Any:
     """``value`` with every non-finite float replaced by ``None`` (JSON has no NaN)."""
     if isinstance(value, float):
@@ -1100,7 +967,6 @@ def _finite(value: Any) -> Any:
 
 
 __all__ = [
-    "CheckpointSaveError",
     "PolicyView",
     "StarPOTrainer",
     "TrainResult",

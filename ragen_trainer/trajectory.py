@@ -95,6 +95,8 @@ class RolloutBatch:
     trajectories: list[Trajectory]
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds spent, e.g. ``{"generation": ..., "environment": ..., "tokenization": ...}``."""
+    metrics: dict[str, float] = field(default_factory=dict)
+    """What the collector itself reports beside the trajectories (e.g. the self-play snapshot the games drew)."""
 
     def groups(self) -> dict[int, list[Trajectory]]:
         """Trajectories by ``group_id`` (initial state), in batch order."""

@@ -56,7 +56,7 @@ import ragen_envs  # noqa: F401  (registers the ragen/* ids)
 from ragen_envs.core import check_arg
 from ragen_envs.driver import GROUP_RANDOMNESS, EpisodeJob, dynamics_seed, play_episodes
 from ragen_envs.registration import reference_settings
-from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, merge_settings
+from ragen_envs.settings import FIELD_NAMES, ProtocolSettings, resolve_protocol, split_protocol_kwargs
 from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.filtering import (
@@ -68,7 +68,8 @@ from ragen_trainer.filtering import (
     filter_groups,
     valid_keep_ratio,
 )
-from ragen_trainer.rollout import REPLY_TOKENS, ChatTokens, TokenAgent, check_reply_tokens
+from ragen_trainer.rollout import REPLY_TOKENS, ChatTokens, TokenAgent
+from ragen_trainer.settings import RolloutSettings
 from ragen_trainer.trajectory import Trajectory
 
 try:
@@ -83,6 +84,9 @@ SPEC_COLUMNS: tuple[str, ...] = ("env_id", "seed", "protocol", "env_kwargs", "gr
 RETURN_FIELD, SUCCESS_FIELD, TURNS_FIELD, FORMAT_FIELD = "ragen_return", "ragen_success", "ragen_turns", "ragen_format"
 #: The column :class:`RagenGRPOTrainer` adds to each row: the generation prefix it put after that row's prompt.
 PREFIX_FIELD = "ragen_prefix"
+#: What :func:`resolve_env_settings` calls its protocol sources in messages
+#: (:func:`ragen_envs.settings.resolve_protocol`).
+_DATASET_PLACES = ("env_kwargs['protocol']", "env_kwargs protocol keywords", "the protocol argument")
 
 
 # ---------------------------------------------------------------------------------------------------------- config
@@ -192,7 +196,8 @@ def resolve_env_settings(
 
     The protocol is the id's reference settings, then ``env_kwargs["protocol"]``, then protocol fields given as
     ``env_kwargs`` keywords, then ``protocol``; a field set in two places to different values is a ``ValueError``
-    naming both (:func:`ragen_envs.settings.merge_settings`), as ``gymnasium.make`` and the trainer config do.
+    naming both. The one resolver of ``gymnasium.make`` and the trainer config too
+    (:func:`ragen_envs.settings.resolve_protocol`).
     """
     check_arg(isinstance(env_id, str) and env_id in gym.registry, "env_id", env_id,
               f"a registered id; ragen ids: {sorted(k for k in gym.registry if k.startswith('ragen/'))}")  # fmt: skip
@@ -201,13 +206,9 @@ def resolve_env_settings(
               "None, a ProtocolSettings or a dict of its fields")  # fmt: skip
     own = dict(env_kwargs or {})
     nested = own.pop("protocol", None)
-    keywords = {k: own.pop(k) for k in FIELD_NAMES if k in own}
-    sources = [
-        ("env_kwargs['protocol']", nested.to_dict() if isinstance(nested, ProtocolSettings) else nested),
-        ("env_kwargs protocol keywords", keywords),
-        ("the protocol argument", protocol.to_dict() if isinstance(protocol, ProtocolSettings) else protocol),
-    ]
-    return own, merge_settings(reference_settings(env_id), sources)
+    settings = resolve_protocol(reference_settings(env_id), protocol=nested, keywords=split_protocol_kwargs(own),
+                                on_top=protocol, places=_DATASET_PLACES)
+    return own, settings
 
 
 def first_messages(observation: str, info: Mapping[str, Any]) -> list[dict[str, str]]:
@@ -487,7 +488,8 @@ class RagenRollout:
     episodes are played by ragen's episode driver with :class:`~ragen_trainer.rollout.TokenAgent`, exactly as
     ragen's own rollouts (``collect_rollouts``): the same prompts, generation prefix, stop strings, chat-template
     deltas and loss mask. The rollouts of a group reset with the group's seed (and, with ``group_randomness``
-    ``"independent"``, rollout r > 0 with its own dynamics seed).
+    ``"independent"``, rollout r > 0 with its own dynamics seed): each row's own ``group_randomness`` column, which
+    :func:`initial_state_dataset` writes (give it ``settings.group_randomness``).
 
     Generation uses ragen's :class:`~ragen_trainer.engines.hf.HFEngine` on the trainer's live (unwrapped) model, so
     the episodes are on-policy without any weight sync. TRL's vLLM path is not used: with ``use_vllm=True`` pass an
@@ -496,11 +498,14 @@ class RagenRollout:
     are not supported (a warning says so when they are set).
 
     Args:
+        settings: the rollout's settings (``StarPOConfig.rollout_settings()``, or a
+            :class:`~ragen_trainer.settings.RolloutSettings` of your own). ``max_context_tokens``: the longest an
+            episode's conversation may grow (prompt, replies and env messages); an episode that fills it ends
+            truncated, as in ragen. ``reply_tokens``: ``"sampled"`` (TRL's way: the sampled ids, with their
+            log-probs) or ``"cleaned"`` (the reference's: each reply re-tokenised after cleaning, its prefix trained;
+            no log-probs). ``loss_mask``: the ``env_mask`` TRL gets, ``"replies"`` (the model's replies only) or
+            ``"after_system"`` (the paper's runs: the env's messages after the system prompt too).
         max_new_tokens: most tokens per reply (per turn); ``None``: the trainer's ``max_completion_length``.
-        max_context_tokens: the longest an episode's conversation may grow (prompt, replies and env messages); an
-            episode that fills it ends truncated, as in ragen.
-        reply_tokens: ``"sampled"`` (default: TRL trains on the sampled ids, with their log-probs) or ``"cleaned"``
-            (the reference's: each reply re-tokenised after cleaning, its prefix trained; no log-probs).
         engine: a ragen generation engine to use instead of an ``HFEngine`` on the trainer's model.
         batch_size: episodes generated together (``None``: all of the call's).
         seed: base of the sampling seeds (``None``: the trainer's ``args.seed``); each call, process and episode
@@ -511,27 +516,24 @@ class RagenRollout:
 
     def __init__(
         self,
+        settings: RolloutSettings,
         *,
         max_new_tokens: int | None = None,
-        max_context_tokens: int = 3600,
-        reply_tokens: str = "sampled",
         engine: Any = None,
         batch_size: int | None = None,
         seed: int | None = None,
     ) -> None:
+        check_arg(isinstance(settings, RolloutSettings), "settings", type(settings).__name__,
+                  "a RolloutSettings (StarPOConfig.rollout_settings())")  # fmt: skip
         check_arg(max_new_tokens is None or (isinstance(max_new_tokens, int) and max_new_tokens >= 1),
                   "max_new_tokens", max_new_tokens, "None or an int >= 1")  # fmt: skip
-        check_arg(isinstance(max_context_tokens, int) and max_context_tokens >= 2, "max_context_tokens",
-                  max_context_tokens, "an int >= 2")  # fmt: skip
-        check_reply_tokens(reply_tokens)
         check_arg(engine is None or callable(getattr(engine, "generate", None)), "engine", type(engine).__name__,
                   "None or a ragen generation engine (HFEngine, VLLMEngine, ...)")  # fmt: skip
         check_arg(batch_size is None or (isinstance(batch_size, int) and batch_size >= 1), "batch_size", batch_size,
                   "None or an int >= 1")  # fmt: skip
         check_arg(seed is None or (isinstance(seed, int) and seed >= 0), "seed", seed, "None or an int >= 0")
+        self.settings = settings
         self.max_new_tokens = max_new_tokens
-        self.max_context_tokens = max_context_tokens
-        self.reply_tokens = reply_tokens
         self.engine = engine
         self.batch_size = batch_size
         self.seed = seed
@@ -549,8 +551,8 @@ class RagenRollout:
             if getattr(trainer, "use_vllm", False):
                 raise ValueError(
                     "invalid trainer: use_vllm=True, but RagenRollout generates with ragen's HFEngine on the trainer's "
-                    "model unless given an engine; pass RagenRollout(engine=...) (e.g. ragen's VLLMEngine) or set "
-                    "use_vllm=False"
+                    "model unless given an engine; pass RagenRollout(settings, engine=...) (e.g. ragen's VLLMEngine) "
+                    "or set use_vllm=False"
                 )
             engine = HFEngine(model, tokenizer, batch_size=self.batch_size or max(len(specs), 1))
         else:
@@ -593,8 +595,7 @@ class RagenRollout:
                   "a non-empty list of EpisodeSpec")  # fmt: skip
         check_arg(prompts is None or len(prompts) == len(specs), "prompts", f"{len(prompts or [])} prompts",
                   f"None or one prompt per spec ({len(specs)})")  # fmt: skip
-        agent = TokenAgent(engine, tokenizer, sampling, max_context_tokens=self.max_context_tokens,
-                           reply_tokens=self.reply_tokens)  # fmt: skip
+        agent = TokenAgent(engine, tokenizer, sampling, settings=self.settings)
         if not agent.token_engine:
             raise ValueError(f"invalid engine {type(engine).__name__}: a chat engine gives text only; TRL trains on "
                              "token ids (use HFEngine or VLLMEngine)")  # fmt: skip
@@ -993,6 +994,7 @@ __all__ = [
     "RagenGRPOTrainer",
     "RagenRollout",
     "RagenToolEnv",
+    "RolloutSettings",
     "bind_tokenizer_for_stop_strings",
     "checkpointing_arg",
     "env_format",

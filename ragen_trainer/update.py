@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ragen_trainer.advantages import bilevel_gae_advantages, gae_advantages, grpo_advantages, masked_whiten
-from ragen_trainer.critic import VALUES_KEY
+from ragen_trainer.critic import PolicyWithCritic
 from ragen_trainer.losses import agg_loss, kl_penalty, policy_loss, row_normalizers, value_loss
 from ragen_trainer.packing import PackedBatch, pack
 from ragen_trainer.rollout import placed_rewards
@@ -63,17 +63,21 @@ def turn_ends(traj: Trajectory) -> list[int]:
     return [end - 2 for start, end in traj.turn_spans if end - start >= 1 and end >= 2]
 
 
-def token_values(model: Any, inputs: PackedBatch, mask: torch.Tensor) -> torch.Tensor:
+def _on_mask(mask: torch.Tensor, entries: torch.Tensor) -> torch.Tensor:
+    """``entries`` (one per nonzero of ``mask``, in row-major order) laid out as ``mask``'s shape, zero off it."""
+    return torch.zeros(mask.shape, dtype=entries.dtype, device=entries.device).masked_scatter(mask, entries)
+
+
+def token_values(policy: PolicyWithCritic, inputs: PackedBatch, mask: torch.Tensor) -> torch.Tensor:
     """The critic's values at the action positions of ``mask`` (``[B, W]`` float32, zero off it), without the
     policy's LM head (and, for a separate value model, without the policy at all)."""
-    sel = mask.bool()
-    out = model(**inputs.model_inputs(), values_only=True)
-    vals = out[VALUES_KEY][inputs.select].float()[inputs.gather]
-    return torch.zeros(sel.shape, dtype=vals.dtype, device=vals.device).masked_scatter(sel, vals)
+    values = policy.values(inputs.model_inputs())
+    return _on_mask(mask.bool(), values[inputs.select].float()[inputs.gather])
 
 
 def token_logprobs(
-    model: Any, inputs: PackedBatch, mask: torch.Tensor, *, temperature: float, entropy: bool, values: bool,
+    policy: PolicyWithCritic, inputs: PackedBatch, mask: torch.Tensor, *, temperature: float, entropy: bool,
+    values: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Per action position of ``mask`` (``[B, W]``: token ``t + 1`` given tokens ``<= t``, for the trajectories
     ``inputs`` packs): the log-prob at the sampling temperature, the entropy, and the critic's value; each ``[B, W]``
@@ -81,26 +85,17 @@ def token_logprobs(
 
     Only the positions the model is trained on go through the LM head and the softmax, each once however many rows
     share it, in chunks whose logits are recomputed in the backward pass
-    (:func:`ragen_trainer.critic.chunked_token_logprobs`), so no ``[tokens, vocab]`` tensor is ever whole; the row
+    (:meth:`ragen_trainer.critic.PolicyWithCritic.logprobs`), so no ``[tokens, vocab]`` tensor is ever whole; the row
     has no padding and each group's prefix once (:mod:`ragen_trainer.packing`)."""
     sel = mask.bool()
     if int(sel.sum()) != int(inputs.gather.numel()):
         raise ValueError(f"the packed batch has {int(inputs.gather.numel())} trained entries, the mask {int(sel.sum())}")
-    kwargs: dict[str, Any] = {**inputs.model_inputs(), "logits_mask": inputs.select, "token_targets": inputs.targets,
-                              "temperature": temperature, "token_entropy": entropy}
-    if values:
-        kwargs["return_values"] = True
-    out = model(**kwargs)
-    logp_sel = out["selected_logprobs"][inputs.gather]
-    logp = torch.zeros(sel.shape, dtype=logp_sel.dtype, device=logp_sel.device).masked_scatter(sel, logp_sel)
-    ent = None
-    if entropy:
-        ent_sel = out["selected_entropy"][inputs.gather]
-        ent = torch.zeros(sel.shape, dtype=ent_sel.dtype, device=ent_sel.device).masked_scatter(sel, ent_sel)
-    vals = None
-    if values:
-        vals_sel = out[VALUES_KEY][inputs.select].float()[inputs.gather]
-        vals = torch.zeros(sel.shape, dtype=vals_sel.dtype, device=vals_sel.device).masked_scatter(sel, vals_sel)
+    scores = policy.logprobs(inputs.model_inputs(), inputs.select, inputs.targets, temperature=temperature,
+                             entropy=entropy, values=values)
+    # each packed position once -> each trained entry of the batch (a shared prefix's positions serve several rows)
+    logp = _on_mask(sel, scores.logprobs[inputs.gather])
+    ent = _on_mask(sel, scores.entropy[inputs.gather]) if scores.entropy is not None else None
+    vals = _on_mask(sel, scores.values[inputs.select].float()[inputs.gather]) if scores.values is not None else None
     return logp, ent, vals
 
 
@@ -186,7 +181,7 @@ def compute_advantages(config: Any, kept: list[Trajectory], scores: dict[str, li
 
 # ------------------------------------------------------------------------------------------------ micro-batches
 def micro_batches(batch: TrainingBatch, members: list[int], *, micro_batch_size: int, rank: int, world: int,
-                  agg_mode: str, micro_size: int = 4, share_prefixes: bool = True) -> list[dict[str, Any]]:
+                  agg_mode: str, micro_size: int, share_prefixes: bool = True) -> list[dict[str, Any]]:
     """This process's micro-batches of one mini-batch (``members``: row indices of ``batch``).
 
     The rows are split into ``world`` contiguous shares (so a group's rollouts stay together and share their
@@ -231,7 +226,7 @@ def micro_batches(batch: TrainingBatch, members: list[int], *, micro_batch_size:
 
 
 # ---------------------------------------------------------------------------------------------------- the loss
-def ppo_loss(config: Any, model: Any, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
+def ppo_loss(config: Any, policy: PolicyWithCritic, micro: dict[str, Any]) -> tuple[torch.Tensor, dict[str, float]]:
     """The StarPO loss of one micro-batch (pre-normalised: the micro-batches of a mini-batch sum to its mean):
 
         L = L_clip(pi)  -  entropy_coef * H(pi)  [+ kl_coef * KL(pi || pi_ref)]  [+ value_loss_coef * L_V]
@@ -241,15 +236,14 @@ def ppo_loss(config: Any, model: Any, micro: dict[str, Any]) -> tuple[torch.Tens
     this micro-batch's statistics for :class:`UpdateStats`."""
     cfg = config
     mask, norm = micro["mask"], micro["normalizer"]
-    logp, ent, values = token_logprobs(model, micro["packed"], mask > 0, temperature=cfg.temperature, entropy=True,
+    logp, ent, values = token_logprobs(policy, micro["packed"], mask > 0, temperature=cfg.temperature, entropy=True,
                                        values=cfg.use_critic)
     # A step with one update scores nothing beforehand: the policy that made the rollouts is this forward's, so the
     # old log-probs are its own, detached (exactly; TRL's num_iterations=1 shortcut). Otherwise the scoring pass's.
     old = micro["old_logprobs"] if micro["old_logprobs"] is not None else logp.detach()
-    pg, pg_stats = policy_loss(logp, old, micro["advantages"], mask, clip_low=cfg.clip_low,
-                               clip_high=cfg.clip_high, clip_ratio_c=cfg.clip_ratio_c, agg_mode=cfg.loss_agg_mode,
-                               normalizer=norm)
-    ent_loss = agg_loss(ent, mask, cfg.loss_agg_mode, norm)
+    losses = cfg.loss_settings()
+    pg, pg_stats = policy_loss(logp, old, micro["advantages"], mask, losses, normalizer=norm)
+    ent_loss = agg_loss(ent, mask, losses.loss_agg_mode, norm)
     loss = pg - cfg.entropy_coef * ent_loss
     n_tok = float(mask.sum())
     stats = {"sum:loss/policy": float(pg.detach()), "sum:policy/entropy": float(ent_loss.detach()), "tokens": n_tok}
@@ -258,12 +252,11 @@ def ppo_loss(config: Any, model: Any, micro: dict[str, Any]) -> tuple[torch.Tens
         stats["reply:policy/reply_entropy"] = float((ent.detach() * replies).sum())
         stats["reply_tokens"] = float(replies.sum())
     if micro.get("ref_logprobs") is not None and cfg.kl_coef > 0:
-        kl = agg_loss(kl_penalty(logp, micro["ref_logprobs"], cfg.kl_estimator), mask, cfg.loss_agg_mode, norm)
+        kl = agg_loss(kl_penalty(logp, micro["ref_logprobs"], losses.kl_estimator), mask, losses.loss_agg_mode, norm)
         loss = loss + cfg.kl_coef * kl
         stats["sum:policy/kl"] = float(kl.detach())
     if values is not None:
-        vf, vf_stats = value_loss(values, micro["old_values"], micro["returns"], mask, clip=cfg.value_clip,
-                                  agg_mode=cfg.loss_agg_mode, normalizer=norm)
+        vf, vf_stats = value_loss(values, micro["old_values"], micro["returns"], mask, losses, normalizer=norm)
         loss = loss + cfg.value_loss_coef * vf
         stats["sum:loss/value"] = float(vf.detach())
         stats["tok:critic/vf_clipfrac"] = float(vf_stats["vf_clipfrac"]) * n_tok

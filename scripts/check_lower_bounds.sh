@@ -124,6 +124,7 @@ fi
   tests/trainer/test_hf_engine_cache.py \
   tests/trainer/test_hf_engine_reference.py \
   tests/trainer/test_hf_transformers_api.py \
+  tests/trainer/test_critic.py \
   tests/trainer/test_checkpoint_portability.py \
   tests/trainer/test_serving_files.py \
   tests/evaluation/test_generation_settings.py

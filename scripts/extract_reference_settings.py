@@ -9,8 +9,10 @@ record, and (where the mirrors exist) runs this extraction again and compares it
     python scripts/extract_reference_settings.py                 # rewrite the record (and the tables in the docs)
     python scripts/extract_reference_settings.py --check         # exit 1 if the record or the docs are stale
 
-Mirrors: ``--ragen`` and ``--verl`` (default ``/work/.mirror/RAGEN-AI+RAGEN/repo`` and
-``/work/.mirror/volcengine+verl/repo``, git directories); files are read with ``git show COMMIT:PATH``.
+Mirrors: ``--ragen`` and ``--verl``, git directories (bare or a checkout) of https://github.com/RAGEN-AI/RAGEN and
+https://github.com/volcengine/verl that hold the commits above; by default ``../.mirror/RAGEN-AI+RAGEN/repo`` and
+``../.mirror/volcengine+verl/repo``, relative to this repository's root. Files are read with ``git show COMMIT:PATH``;
+a mirror that is not there stops the script with a message naming it and the flag to pass.
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ COMMITS: dict[str, dict[str, str]] = {
     "paper": {"RAGEN": "3059df8", "verl": "797f9994b73f6335aa2349cdb2e9bb2a42f13f5c"},
     "latest": {"RAGEN": "5eb79b8", "verl": "1e47e412a441bae8cd1152888f6822871f95dec5"},
 }
-MIRRORS = {"RAGEN": Path("/work/.mirror/RAGEN-AI+RAGEN/repo"), "verl": Path("/work/.mirror/volcengine+verl/repo")}
+#: The default mirrors: beside this repository's folder, in ``../.mirror/`` (``--ragen`` / ``--verl`` point elsewhere).
+MIRRORS = {"RAGEN": ROOT.parent / ".mirror" / "RAGEN-AI+RAGEN" / "repo",
+           "verl": ROOT.parent / ".mirror" / "volcengine+verl" / "repo"}
+URLS = {"RAGEN": "https://github.com/RAGEN-AI/RAGEN", "verl": "https://github.com/volcengine/verl"}
 BASE, VERL, TRAIN_ALL = "config/base.yaml", "verl/trainer/config/ppo_trainer.yaml", "train_all.sh"
 
 
@@ -182,6 +187,11 @@ SPECS: list[tuple[str, str | tuple[str, ...], str, Locator | None, Locator | Non
 ]
 
 
+def is_git_dir(path: Path) -> bool:
+    """Whether ``path`` is a bare git directory or a checkout."""
+    return path.is_dir() and ((path / "HEAD").is_file() or (path / ".git").exists())
+
+
 def git_show(repo: str, commit: str, path: str, mirrors: dict[str, Path]) -> str:
     return subprocess.run(["git", "-C", str(mirrors[repo]), "show", f"{commit}:{path}"], check=True,
                           capture_output=True, text=True).stdout  # fmt: skip
@@ -276,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--verl", type=Path, default=MIRRORS["verl"])
     parser.add_argument("--check", action="store_true", help="compare with the record and docs; write nothing")
     args = parser.parse_args(argv)
+    for repo, path, flag in (("RAGEN", args.ragen, "--ragen"), ("verl", args.verl, "--verl")):
+        if not is_git_dir(path):
+            parser.error(f"the {repo} reference mirror is not at {path} (no git directory there): clone "
+                         f"{URLS[repo]} (it must hold commit {COMMITS['paper'][repo][:7]} and "
+                         f"{COMMITS['latest'][repo][:7]}) and pass {flag} PATH")
     record = extract({"RAGEN": args.ragen, "verl": args.verl})
     text = json.dumps(record, indent=1) + "\n"
     if args.check:

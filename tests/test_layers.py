@@ -27,9 +27,12 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ragen_envs",),
     # the trainer's plain-data foundation (no torch at import): files, YAML, trajectories, filtering, model files
     ("ragen_trainer", "ragen_trainer.fileio", "ragen_trainer.safe_yaml", "ragen_trainer.trajectory",
-     "ragen_trainer.filtering", "ragen_trainer.models", "ragen_trainer.host_memory"),
-    # named settings: the run config with its presets, the evaluation suites (data, like the presets)
-    ("ragen_trainer.config", "ragen_trainer.evaluation", "ragen_trainer.evaluation.suites"),
+     "ragen_trainer.filtering", "ragen_trainer.models", "ragen_trainer.host_memory",
+     # a checkpoint's names, its verification and its RNG file, which the model loader uses: no torch either
+     "ragen_trainer.checkpoints.layout", "ragen_trainer.checkpoints.rng", "ragen_trainer.checkpoints.verify"),
+    # named settings: the run config with its presets, the settings objects it makes for the rollout and loss
+    # functions, the evaluation suites (data, like the presets)
+    ("ragen_trainer.config", "ragen_trainer.settings", "ragen_trainer.evaluation", "ragen_trainer.evaluation.suites"),
     # the compute pieces: precision, losses, advantages, critic, packing, optimizer, processes, engines, saved
     # folders
     ("ragen_trainer.precision", "ragen_trainer.losses", "ragen_trainer.advantages", "ragen_trainer.critic",
@@ -188,6 +191,9 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
         ("import ragen_trainer.config as c; c.load_config('starpo-s').validate()",
          ("torch", "transformers", "trl", "ragen_trainer.engines", "ragen_trainer.selfplay", "ragen_trainer.rollout")),
         ("import ragen_envs", ("torch", "ragen_trainer", "webshop_server")),
+        # checking a model folder or a checkpoint reads file headers and JSON, never a tensor
+        ("import ragen_trainer.models, ragen_trainer.checkpoints.verify", ("torch", "transformers", "ragen_trainer.config",
+                                                                            "ragen_trainer.checkpoints.state")),
         # saving a checkpoint reads the suites' definitions (the model card's eval command), not the leaderboard
         ("import ragen_trainer.model_card", ("ragen_trainer.evaluation.leaderboard", "ragen_trainer.evaluation.runner",
                                              "ragen_trainer.evaluation.agents", "ragen_trainer.trainer",

@@ -1,9 +1,9 @@
 """What the two Sokoban level generators share: the backend of their search kernel, a base class, the room fields.
 
 Each generator (:mod:`ragen_envs.sokoban.generator`, :mod:`ragen_envs.sokoban.reference_generator`) runs its search in
-one flat kernel written in the subset of Python that numba compiles. With numba installed (the ``fast`` extra) the
-kernel is compiled once and cached; without it the *same* function runs as plain Python on lists and makes identical
-levels, only slower. :class:`KernelGenerator` holds the rest of what they share: the backend choice, the kernel with
+a kernel of :mod:`ragen_envs.sokoban.kernels` (with the room walk, the flood fill and the state lookup they share),
+written in the subset of Python that numba compiles. With numba installed (the ``fast`` extra) the kernel is compiled
+once and cached; without it the *same* functions run as plain Python on lists and make identical levels, only slower. :class:`KernelGenerator` holds the rest of what they share: the backend choice, the kernel with
 its constant arrays and reusable search buffers, the lock that guards those buffers, the seed check, and one shared
 instance per configuration and backend. :class:`RoomConfig` checks the room and random-walk fields that both
 configurations take.
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from ragen_envs.core import check_arg
+from ragen_envs.sokoban.kernels import jit_helpers
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -107,6 +108,7 @@ class KernelGenerator:
     def __init__(self, config: Any = None, *, backend: str = "auto") -> None:
         self.config = config or self.config_type()
         self.backend = resolve_backend(backend)
+        jit_helpers(self.backend)  # before the kernel's first call compiles it: it calls helpers numba must know
         consts, bufs = self._build_arrays()
         self._lock = threading.Lock()  # the search buffers are reused: one generation at a time per generator
         if self.backend == "numba":
@@ -267,6 +269,16 @@ class RoomConfig:
     num_boxes: int
     p_change_directions: float
     num_steps: int | None
+
+    @property
+    def cells(self) -> int:
+        """Cells of the room, walls included (the kernels' flat arrays)."""
+        return self.dim_room[0] * self.dim_room[1]
+
+    @property
+    def interior(self) -> int:
+        """Cells inside the border walls (where boxes, targets and the player can be)."""
+        return (self.dim_room[0] - 2) * (self.dim_room[1] - 2)
 
     def _check_room(self) -> None:
         """Check these fields (naming the argument in the error) and store the ints as plain ints."""

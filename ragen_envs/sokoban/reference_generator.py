@@ -29,10 +29,10 @@ gym-sokoban's ``num_gen_steps = int(1.7 * (rows + cols))``, ``num_boxes``, ``sea
 
 The search above is reproduced exactly (visit order, explored set, ttl rule, state cap, scoring, tie rule; checked
 room by room against the reference's own code and, in the tests, against a recursive oracle) by an iterative
-depth-first search with an explicit stack, in one flat kernel written in the subset of Python that numba compiles:
-with numba installed (the ``fast`` extra) it is compiled once and cached; without it the same function runs as plain
-Python on lists and makes identical levels (see :mod:`ragen_envs.sokoban.base`). The explored-state set is an
-open-addressing hash table.
+depth-first search with an explicit stack, in one kernel (:func:`ragen_envs.sokoban.kernels.reference_kernel`)
+written in the subset of Python that numba compiles: with numba installed (the ``fast`` extra) it is compiled once
+and cached; without it the same function runs as plain Python on lists and makes identical levels (see
+:mod:`ragen_envs.sokoban.base`). The explored-state set is an open-addressing hash table.
 
 What differs from the reference:
 
@@ -71,7 +71,20 @@ import numpy as np
 
 from ragen_envs.core import check_arg
 from ragen_envs.sokoban.base import KernelGenerator, RoomConfig, is_int, numba_available, table_size
-from ragen_envs.sokoban.generator import _DIR_DC, _DIR_DR, _MASK_DC, _MASK_DR, _MASK_N, GenerationError, Level
+from ragen_envs.sokoban.generator import GenerationError, Level
+from ragen_envs.sokoban.kernels import (
+    OK,
+    OUT_DISP,
+    OUT_PLAYER,
+    OUT_ROOMS,
+    OUT_SCORE,
+    OUT_STATES,
+    OUT_SWAPS,
+    OUT_WALK,
+    reference_kernel,
+    reference_uniform_count,
+    room_geometry,
+)
 
 #: Bumped whenever the levels a seed makes change; pools are cached under this version.
 REFERENCE_GENERATOR_VERSION = 1
@@ -79,348 +92,8 @@ REFERENCE_GENERATOR_VERSION = 1
 #: The reference's cap on explored reverse-play states per room (``len(explored_states) >= 300000``).
 REFERENCE_MAX_EXPLORED = 300_000
 
-# Status codes of the kernel.
-_OK, _TOO_FEW_FLOORS, _NO_ROOT, _SCORE_ZERO = 0, 1, 2, 3
-
-# Offsets in the kernel's ``geo`` array: the five walk masks (row and column offsets, 4 slots each, and their sizes),
-# the walk directions (gym-sokoban's order: down, right, up, left) and the pull actions' cell steps (up, down, left,
-# right: the reference's actions 0-3; filled per room width).
-_G_MASK_DR, _G_MASK_DC, _G_MASK_N, _G_DIR_DR, _G_DIR_DC, _G_ACT = 0, 20, 40, 45, 49, 53
-
-# Indices of the kernel's ``out`` array.
-(_OUT_PLAYER, _OUT_STATES, _OUT_SCORE, _OUT_DISP, _OUT_SWAPS, _OUT_WALK, _OUT_START, _OUT_PULLED, _OUT_ROOMS) = range(9)
 #: Index of the kept box cells (``best_loc``) among the search buffers (:meth:`ReferenceGenerator._build_arrays`).
 _BEST_LOC = 15
-
-
-# --------------------------------------------------------------------------------------------- the kernel
-def _reference_kernel(
-    rows,
-    cols,
-    num_boxes,
-    num_steps,
-    p_change,
-    search_depth,
-    max_explored,
-    tries,
-    seed_lo,
-    seed_hi,
-    geo,
-    zob,
-    fixed,
-    cells,
-    targets,
-    fr_player,
-    fr_loc,
-    fr_flag,
-    fr_swaps,
-    fr_last,
-    fr_ttl,
-    fr_act,
-    ex_player,
-    ex_key,
-    ex_slot,
-    table,
-    key_buf,
-    best_loc,
-    small,
-    u,
-    out,
-):
-    """Draw rooms until one makes a level (at most ``tries``): carve it, place player and targets, run the
-    reference's reverse-play DFS, walk the player.
-
-    ``seed_lo`` / ``seed_hi`` (the seed's 32-bit halves) seed the random stream, xoshiro128**; each room first fills
-    ``u`` with its uniforms (see :func:`_uniform_count`). ``geo`` holds the walk masks and moves (``_G_*`` offsets),
-    ``zob`` the hash keys of player cells (``[0, ncells)``) and of (box cell, ever pulled) pairs (``ncells + key``). Writes the room into ``fixed`` (flat, ``rows * cols``; 0 wall, 1 floor,
-    2 target), the kept box cells into ``best_loc`` and ``out`` (see ``_OUT_*``); returns ``_OK`` or the last room's
-    failure code. Runs unchanged as plain Python on lists or compiled by numba on int64 arrays.
-    """
-    nb = num_boxes
-    ncells = rows * cols
-    nu = len(u)
-    tmask = len(table) - 1
-    # ---- the random stream: four 32-bit xoshiro128** words hashed from the seed (lowbias32, Wellons); values
-    # stay below 2**32 and products below 2**49, so int64 arithmetic matches Python's exactly
-    s0 = 0
-    s1 = 0
-    s2 = 0
-    s3 = 0
-    for w in range(4):
-        x = (seed_lo ^ (0x9E3779B9 * (w + 1))) & 0xFFFFFFFF
-        for rep in range(2):
-            x ^= x >> 16
-            x = (x * 0x352D + (((x * 0x7FEB) & 0xFFFF) << 16)) & 0xFFFFFFFF  # x * 0x7FEB352D mod 2**32
-            x ^= x >> 15
-            x = (x * 0xA68B + (((x * 0x846C) & 0xFFFF) << 16)) & 0xFFFFFFFF  # x * 0x846CA68B mod 2**32
-            x ^= x >> 16
-            if rep == 0:
-                x ^= seed_hi
-        if w == 0:
-            s0 = x
-        elif w == 1:
-            s1 = x
-        elif w == 2:
-            s2 = x
-        else:
-            s3 = x
-    if s0 == 0 and s1 == 0 and s2 == 0 and s3 == 0:
-        s0 = 1  # the all-zero state is xoshiro's one fixed point
-    status = 0
-    for attempt in range(tries):
-        out[_OUT_ROOMS] = attempt + 1
-        # ---- 0. this room's uniforms: xoshiro128** (32-bit words kept in int64, products stay below 2**40) ----------
-        for i in range(nu):
-            x = (s1 * 5) & 0xFFFFFFFF
-            x = ((x << 7) | (x >> 25)) & 0xFFFFFFFF
-            u[i] = ((x * 9) & 0xFFFFFFFF) * 2.3283064365386963e-10  # / 2**32: exact, so identical on both backends
-            t = (s1 << 9) & 0xFFFFFFFF
-            s2 ^= s0
-            s3 ^= s1
-            s1 ^= s2
-            s0 ^= s3
-            s2 ^= t
-            s3 = ((s3 << 11) | (s3 >> 21)) & 0xFFFFFFFF
-        for i in range(ncells):
-            fixed[i] = 0
-        # ---- 1. random-walk topology (room_topology_generation) -------------------------------------------------
-        k = 0
-        r = 1 + int(u[k] * (rows - 1))  # random.randint(1, dim_x - 1): the border row itself is possible
-        k += 1
-        c = 1 + int(u[k] * (cols - 1))
-        k += 1
-        d = int(u[k] * 4)
-        k += 1
-        for _ in range(num_steps):
-            if u[k] < p_change:
-                d = int(u[k + 1] * 4)
-            m = int(u[k + 2] * 5)
-            k += 3
-            r = max(min(r + geo[_G_DIR_DR + d], rows - 2), 1)
-            c = max(min(c + geo[_G_DIR_DC + d], cols - 2), 1)
-            for j in range(geo[_G_MASK_N + m]):
-                fixed[(r + geo[_G_MASK_DR + m * 4 + j]) * cols + c + geo[_G_MASK_DC + m * 4 + j]] = 1
-        nfloor = 0
-        for rr in range(rows):
-            for cc in range(cols):
-                i = rr * cols + cc
-                if rr == 0 or cc == 0 or rr == rows - 1 or cc == cols - 1:
-                    fixed[i] = 0
-                elif fixed[i] == 1:
-                    cells[nfloor] = i
-                    nfloor += 1
-        if nfloor <= nb + 1:
-            status = 1  # _TOO_FEW_FLOORS (place_boxes_and_player's RuntimeError)
-            continue
-        # ---- 2. player, then the targets, on distinct random floor cells (partial Fisher-Yates) -------------------
-        for j in range(nb + 1):
-            pick = j + int(u[k] * (nfloor - j))
-            k += 1
-            tmp = cells[j]
-            cells[j] = cells[pick]
-            cells[pick] = tmp
-        player = cells[0]
-        for j in range(nb):
-            targets[j] = cells[1 + j]
-        # box identities in row-major order of their targets, as the reference's box_mapping keys (np.where order)
-        for a in range(1, nb):
-            x = targets[a]
-            b = a - 1
-            while b >= 0 and targets[b] > x:
-                targets[b + 1] = targets[b]
-                b -= 1
-            targets[b + 1] = x
-        for j in range(nb):
-            fixed[targets[j]] = 2
-        out[_OUT_START] = player
-        # ---- 3. reverse play: the reference's recursive DFS, as a loop over an explicit stack --------------------
-        # Frame f holds one call's state: player cell, per box (identity j = its target) the cell and whether it was
-        # ever pulled, box_swaps, last_pull (-1: none), ttl after the call's own decrement, and the next action to
-        # try. The candidate frame (a call being entered) is written at top + 1 and pushed when its state is new.
-        n = 0
-        best_score = -1
-        best_player = -1
-        best_disp = 0
-        best_swaps = 0
-        fr_player[0] = player
-        for j in range(nb):
-            fr_loc[j] = targets[j]
-            fr_flag[j] = 0
-        fr_swaps[0] = 0
-        fr_last[0] = -1
-        fr_ttl[0] = search_depth - 1
-        top = -1
-        cand = 0
-        while True:
-            if cand >= 0:
-                # entry of depth_first_search: ttl -= 1 (done by the caller); return if ttl <= 0 or at the cap
-                if n >= max_explored:
-                    break  # every later call returns at once: nothing can change any more
-                if fr_ttl[cand] > 0:
-                    cb = cand * nb
-                    q = fr_player[cand]
-                    # the state's key: player cell and the sorted (cell, ever pulled) pairs of the boxes
-                    for j in range(nb):
-                        x = fr_loc[cb + j] * 2 + fr_flag[cb + j]
-                        b = j - 1
-                        while b >= 0 and key_buf[b] > x:
-                            key_buf[b + 1] = key_buf[b]
-                            b -= 1
-                        key_buf[b + 1] = x
-                    h = zob[q]
-                    for j in range(nb):
-                        h ^= zob[ncells + key_buf[j]]
-                    slot = h & tmask
-                    found = False
-                    while table[slot] != 0:
-                        other = table[slot] - 1
-                        if ex_player[other] == q:
-                            same = True
-                            ob = other * nb
-                            for j in range(nb):
-                                if ex_key[ob + j] != key_buf[j]:
-                                    same = False
-                                    break
-                            if same:
-                                found = True
-                                break
-                        slot = (slot + 1) & tmask
-                    if not found:
-                        # score: box_swaps * displacement, 0 unless every target is uncovered (no box, no player)
-                        covered = 0
-                        if fixed[q] == 2:
-                            covered += 1
-                        disp = 0
-                        for j in range(nb):
-                            x = fr_loc[cb + j]
-                            if fixed[x] == 2:
-                                covered += 1
-                            t = targets[j]
-                            xr = x // cols
-                            tr = t // cols
-                            disp += abs(xr - tr) + abs((x - xr * cols) - (t - tr * cols))
-                        score = 0
-                        if covered == 0:
-                            score = fr_swaps[cand] * disp
-                        if score > best_score:
-                            best_score = score
-                            best_player = q
-                            best_disp = disp
-                            best_swaps = fr_swaps[cand]
-                            for j in range(nb):
-                                best_loc[j] = fr_loc[cb + j]
-                        table[slot] = n + 1
-                        ex_slot[n] = slot
-                        ex_player[n] = q
-                        for j in range(nb):
-                            ex_key[n * nb + j] = key_buf[j]
-                        n += 1
-                        fr_act[cand] = 0
-                        top = cand
-                cand = -1
-            if top < 0:
-                break
-            # children of a frame with ttl <= 1 enter with ttl <= 0 and return at once
-            if fr_act[top] >= 4 or fr_ttl[top] <= 1:
-                top -= 1
-                continue
-            a = fr_act[top]
-            fr_act[top] = a + 1
-            # reverse_move with pull action a: the player steps to a free cell (floor or target: no wall, no box)
-            p = fr_player[top]
-            st = geo[_G_ACT + a]
-            q = p + st
-            if fixed[q] == 0:
-                continue  # no move: the same state, already explored
-            base = top * nb
-            blocked = False
-            for j in range(nb):
-                if fr_loc[base + j] == q:
-                    blocked = True
-                    break
-            if blocked:
-                continue
-            c1 = top + 1
-            cb = c1 * nb
-            behind = p - st
-            pulled = -1
-            for j in range(nb):
-                x = fr_loc[base + j]
-                fr_loc[cb + j] = x
-                fr_flag[cb + j] = fr_flag[base + j]
-                if x == behind:
-                    pulled = j
-            sw = fr_swaps[top]
-            last = fr_last[top]
-            if pulled >= 0:
-                # the box behind the player follows it onto the cell it left
-                fr_loc[cb + pulled] = p
-                fr_flag[cb + pulled] = 1
-                if pulled != last:
-                    sw += 1
-                last = pulled
-            fr_player[c1] = q
-            fr_swaps[c1] = sw
-            fr_last[c1] = last
-            fr_ttl[c1] = fr_ttl[top] - 1
-            cand = c1
-        # leave the hash table empty for the next room (clearing only the used slots)
-        for i in range(n):
-            table[ex_slot[i]] = 0
-        out[_OUT_STATES] = n
-        out[_OUT_SCORE] = best_score
-        out[_OUT_DISP] = best_disp
-        out[_OUT_SWAPS] = best_swaps
-        out[_OUT_PULLED] = best_player
-        if best_score < 0:
-            status = 2  # _NO_ROOT: search_depth < 2 (the reference crashes)
-            continue
-        if best_score == 0:
-            status = 3  # _SCORE_ZERO (generate_room's RuntimeWarning after its tries)
-            continue
-        # ---- 4. add_random_player_movement -----------------------------------------------------------------------
-        p = best_player
-        walked = 0
-        move_probability = 0.5
-        if best_disp == 1:
-            move_probability = 0.8
-        if not (u[k] > move_probability):
-            small[0] = p  # cells stood on: small[0..walked]; free neighbours: small[4..]
-            while walked < 3:
-                nvalid = 0
-                for a in range(4):
-                    q = p + geo[_G_ACT + a]
-                    ok = fixed[q] != 0
-                    if ok:
-                        for j in range(nb):
-                            if best_loc[j] == q:
-                                ok = False
-                                break
-                    if ok:
-                        for j in range(walked + 1):
-                            if small[j] == q:
-                                ok = False
-                                break
-                    if ok:
-                        small[4 + nvalid] = q
-                        nvalid += 1
-                if nvalid == 0:
-                    break
-                p = small[4 + int(u[k + 1 + 2 * walked] * nvalid)]
-                walked += 1
-                small[walked] = p
-                if walked >= 3 or u[k + 2 * walked] > 0.5:
-                    break
-        out[_OUT_PLAYER] = p
-        out[_OUT_WALK] = walked
-        return 0
-    return status
-
-
-def _uniform_count(num_steps: int, num_boxes: int) -> int:
-    """How many uniforms one room reads: walk start and direction (3), 3 per walk step, player and targets
-    (``num_boxes + 1``), the walk decision and up to 3 (choice, continue) pairs (7)."""
-    return 3 + 3 * num_steps + num_boxes + 1 + 7
 
 
 # --------------------------------------------------------------------------------------------- public API
@@ -488,25 +161,22 @@ class ReferenceGenerator(KernelGenerator):
         backend: ``"auto"`` (numba when installed), ``"numba"`` or ``"python"``; both make identical levels.
     """
 
-    kernel = staticmethod(_reference_kernel)
+    kernel = staticmethod(reference_kernel)
     config_type = ReferenceConfig
     version = REFERENCE_GENERATOR_VERSION
     seed_bits = 64  # the kernel seeds its stream from the seed's two 32-bit halves
     config: ReferenceConfig
 
     def _build_arrays(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-        rows, cols = self.config.dim_room
-        nb = self.config.num_boxes
-        ncells = rows * cols
-        interior = (rows - 2) * (cols - 2)
+        cols = self.config.dim_room[1]
+        nb, ncells, interior = self.config.num_boxes, self.config.cells, self.config.interior
         # States: player cell x box cells x (ever pulled) per box; the search never holds more than that.
         bound = interior * comb(interior - 1, nb) * 2**nb
         cap = int(min(self.config.max_explored, bound))
         frames = int(min(self.config.search_depth, cap + 1)) + 1
         zrng = np.random.default_rng(0x5EED_2E7)  # fixed: the hash only places states in the table
         zob = zrng.integers(0, 2**62, size=3 * ncells, dtype=np.int64)
-        geo = np.concatenate([_MASK_DR, _MASK_DC, _MASK_N, _DIR_DR, _DIR_DC, np.array([-cols, cols, -1, 1])])
-        consts = (geo.astype(np.int64), zob)
+        consts = (room_geometry(cols), zob)
         bufs = (
             np.zeros(ncells, dtype=np.int64),  # fixed
             np.zeros(ncells, dtype=np.int64),  # cells
@@ -525,7 +195,7 @@ class ReferenceGenerator(KernelGenerator):
             np.zeros(nb, dtype=np.int64),  # key_buf
             np.zeros(nb, dtype=np.int64),  # best_loc
             np.zeros(8, dtype=np.int64),  # small
-            np.zeros(_uniform_count(self.config.walk_steps, nb), dtype=np.float64),  # u
+            np.zeros(reference_uniform_count(self.config.walk_steps, nb), dtype=np.float64),  # u
             np.zeros(16, dtype=np.int64),  # out
         )
         return consts, bufs
@@ -540,7 +210,7 @@ class ReferenceGenerator(KernelGenerator):
                 cfg.max_explored, cfg.tries,
             )  # fmt: skip
         status = self._kernel(*settings, seed & 0xFFFFFFFF, seed >> 32, *self._tail)
-        if status != _OK:
+        if status != OK:
             cfg = self.config
             rows, cols = cfg.dim_room
             raise GenerationError(
@@ -556,16 +226,16 @@ class ReferenceGenerator(KernelGenerator):
         return Level(
             fixed=self._room(),
             boxes=tuple(sorted(divmod(int(b), cols) for b in self._bufs[_BEST_LOC])),
-            player=divmod(out[_OUT_PLAYER], cols),
+            player=divmod(out[OUT_PLAYER], cols),
             pushes=None,
             seed=seed,
             meta={
-                "states": out[_OUT_STATES],
-                "score": out[_OUT_SCORE],
-                "displacement": out[_OUT_DISP],
-                "box_swaps": out[_OUT_SWAPS],
-                "walk": out[_OUT_WALK],
-                "rooms": out[_OUT_ROOMS],
+                "states": out[OUT_STATES],
+                "score": out[OUT_SCORE],
+                "displacement": out[OUT_DISP],
+                "box_swaps": out[OUT_SWAPS],
+                "walk": out[OUT_WALK],
+                "rooms": out[OUT_ROOMS],
             },
         )
 
@@ -592,7 +262,7 @@ class ReferenceGenerator(KernelGenerator):
                 fixed, boxes = [room[r * cols : (r + 1) * cols] for r in range(rows)], list(best)
                 if room_out is not None:
                     room_out[...] = fixed
-            return fixed, boxes, int(out[_OUT_PLAYER])
+            return fixed, boxes, int(out[OUT_PLAYER])
 
     @property
     def _grid_view(self) -> np.ndarray:

@@ -136,6 +136,13 @@ class GenerationEngine(ABC):
     supports_token_ids: bool = True
     #: A short name for logs.
     name: str = "engine"
+    #: What the trainer hands :meth:`update_weights`: ``True``, the live policy module itself (the engine reads its
+    #: weights in place, critic head and all, nothing copied); ``False``, a view of the policy's own weights without
+    #: the critic, which the engine copies.
+    weights_by_reference: bool = False
+    #: ``True``: one engine serves every training process (a server), so one process pushes the weights and the others
+    #: wait for the push; ``False``: each process has its own engine and updates it.
+    shared_across_processes: bool = False
     #: The engine's tokenizer, when it has one (used by the default :meth:`generate_chat`).
     tokenizer: Any = None
 
@@ -176,6 +183,8 @@ class GenerationEngine(ABC):
 class ModelEngine(GenerationEngine):
     """The set-up shared by the engines that sample from an in-process ``transformers`` model (``hf``,
     ``hf-generate``): the live model, its tokenizer, the batch size, the stop tokens and the log-prob switch."""
+
+    weights_by_reference = True  # generates with the training module itself
 
     def __init__(
         self,

@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ragen_trainer.config import VLLM_WEIGHTS_DIR, StarPOConfig
+from ragen_trainer.checkpoints.layout import VLLM_WEIGHTS_DIR
+from ragen_trainer.config import StarPOConfig
 from ragen_trainer.engines.base import GenerationEngine
 from ragen_trainer.engines.choice import choose_engine
 from ragen_trainer.engines.hf import HFEngine

@@ -492,6 +492,7 @@ class VLLMEngine(GenerationEngine):
         )
         vllm = require_vllm() if needs_vllm else None  # before anything slow: a missing vLLM fails first
         self.mode = mode
+        self.shared_across_processes = mode == "server"  # one server for every training process
         if model is None or (isinstance(model, str) and is_default_model(model)):
             model = str(convert_default_model())  # the bundled SmolLM2, as a Hugging Face folder vLLM can read
         self.model_path = model if isinstance(model, str) else str(getattr(model, "name_or_path", ""))

@@ -38,12 +38,14 @@ from ragen_trainer import (
     engines,  # its engines load on first use (torch, vllm, http): see engines/__init__
     models,
 )
+from ragen_trainer.checkpoints.layout import is_ragen_checkpoint, read_checkpoint_info
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.base import BatchSession
 from ragen_trainer.engines.choice import AUTO, choose_engine
 from ragen_trainer.evaluation.metrics import env_family
 from ragen_trainer.evaluation.suites import DEFAULT_DECODING
 from ragen_trainer.rollout import TokenAgent, check_prefix_supported
+from ragen_trainer.settings import DEFAULT_MAX_CONTEXT_TOKENS, RolloutSettings
 
 #: What an agent sees at one turn of one episode: the driver's live :class:`~ragen_envs.driver.Episode` (its
 #: ``messages``, latest ``info``, ``env``, ``memory``, ``env_name``, ``seed``, ``rollout`` and ``protocol``).
@@ -406,7 +408,7 @@ class ModelAgent(Agent):
         model_hash: str | None = None,
         engine_name: str | None = None,
         extra_identity: dict[str, Any] | None = None,
-        max_context_tokens: int = 3600,
+        max_context_tokens: int = DEFAULT_MAX_CONTEXT_TOKENS,
         prepend: str | None = None,
         template_prefix: str | None = None,
     ) -> None:
@@ -491,8 +493,8 @@ class ModelAgent(Agent):
                        template_prefix=template_prefix)  # fmt: skip
 
         source = models.resolve_model_source(model)  # the local folder it loads from (the converted default too)
-        if Path(source).is_dir() and models.is_ragen_checkpoint(source):
-            extra["checkpoint"] = models.read_checkpoint_info(source)
+        if Path(source).is_dir() and is_ragen_checkpoint(source):
+            extra["checkpoint"] = read_checkpoint_info(source)
         if engine == "vllm":
             import torch
 
@@ -586,8 +588,11 @@ class ModelAgent(Agent):
         params = SamplingParams(temperature=float(decoding["temperature"]), top_p=float(decoding["top_p"]),
                                 max_new_tokens=int(decoding["max_new_tokens"]))  # fmt: skip
         tokenizer = getattr(self.engine, "tokenizer", None)
-        self._agent = TokenAgent(self.engine, tokenizer, params, max_context_tokens=self.max_context_tokens,
-                                 seed_for=self._seed_for)  # fmt: skip
+        # Evaluation trains nothing: no trajectory is made, so the loss mask is unused (and the group randomness is the
+        # runner's jobs'); replies continue from their cleaned ids, as training keeps them (see the class docstring).
+        settings = RolloutSettings(loss_mask="replies", reply_tokens="cleaned",
+                                   max_context_tokens=self.max_context_tokens, group_randomness="shared")
+        self._agent = TokenAgent(self.engine, tokenizer, params, settings=settings, seed_for=self._seed_for)
 
     def _seed_for(self, episodes: list[Episode], turn: int) -> int | None:
         seed = self.decoding.get("seed")

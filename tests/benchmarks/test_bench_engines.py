@@ -72,6 +72,7 @@ def test_every_round_is_written_as_it_is_timed(tmp_path, tiny_model_dir, monkeyp
 
 
 def test_first_turn_prompts_are_the_rollouts_first_prompts(tiny_model_dir):
+    from ragen_trainer.config import load_config
     from ragen_trainer.engines import SamplingParams
     from ragen_trainer.engines.hf import HFEngine
     from ragen_trainer.models import load_model_and_tokenizer
@@ -81,7 +82,8 @@ def test_first_turn_prompts_are_the_rollouts_first_prompts(tiny_model_dir):
     seeds, prompts = bench_engines.first_turn_prompts(tokenizer, bench_engines.ENV_ID, 3)
     assert len({tuple(p) for p in prompts}) == 3
     batch = collect_rollouts(HFEngine(model, tokenizer, batch_size=3), tokenizer, bench_engines.ENV_ID, seeds, 1,
-                             sampling=SamplingParams(max_new_tokens=2, seed=0), reply_tokens="sampled")  # fmt: skip
+                             settings=load_config().replace(reply_tokens="sampled").rollout_settings(),
+                             sampling=SamplingParams(max_new_tokens=2, seed=0))  # fmt: skip
     for traj, prompt in zip(batch.trajectories, prompts):
         assert traj.input_ids[: len(prompt)] == prompt  # the generation prefix is prompt under "sampled"
 

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode
 
-from ragen_trainer.critic import attach_critic, install_policy_forward
+from ragen_trainer.critic import PolicyWithCritic, attach_critic
 from ragen_trainer.packing import pack, use_packed_attention
 from ragen_trainer.trajectory import Trajectory
 from ragen_trainer.update import action_mask, token_logprobs
@@ -50,7 +50,6 @@ def _model(tokenizer, critic=None):
     model = build_tiny_model(tokenizer, hidden_size=64, num_layers=2)
     if critic:
         attach_critic(model, critic)
-    install_policy_forward(model)
     use_packed_attention(model)
     return model
 
@@ -73,7 +72,7 @@ def test_packed_update_counts_the_products_ragen_runs(tokenizer, batch):
     flops = UpdateFlops(model)
 
     def run():
-        logp, _, _ = token_logprobs(model, packed, mask, temperature=1.0, entropy=False, values=False)
+        logp, _, _ = token_logprobs(PolicyWithCritic(model), packed, mask, temperature=1.0, entropy=False, values=False)
         logp.sum().backward()
 
     ran = _matmul_flops(run)
@@ -113,8 +112,9 @@ def test_a_separate_value_model_adds_its_own_backbone(tokenizer, batch):
     model = _model(tokenizer, critic="value_model")
     packed = pack(trajs, mask)
     flops = UpdateFlops(model)
+    policy = PolicyWithCritic(model)
     ran = _matmul_flops(lambda: sum(x.sum() for x in token_logprobs(
-        model, packed, mask, temperature=1.0, entropy=False, values=True) if x is not None).backward())
+        policy, packed, mask, temperature=1.0, entropy=False, values=True) if x is not None).backward())
     got = flops.take()
     dims = flops.dims
     assert flops.critic_dims is not None and flops.critic_dims.vocab == 0
@@ -130,10 +130,10 @@ def test_no_grad_passes_are_not_counted(tokenizer, batch):
     model = _model(tokenizer)
     flops = UpdateFlops(model)
     with torch.no_grad():
-        token_logprobs(model, pack(trajs, mask), mask, temperature=1.0, entropy=False, values=False)
+        token_logprobs(PolicyWithCritic(model), pack(trajs, mask), mask, temperature=1.0, entropy=False, values=False)
     assert flops.take()["calls"] == 0
     flops.close()
-    token_logprobs(model, pack(trajs, mask), mask, temperature=1.0, entropy=False, values=False)
+    token_logprobs(PolicyWithCritic(model), pack(trajs, mask), mask, temperature=1.0, entropy=False, values=False)
     assert flops.take()["calls"] == 0  # the hook is gone
 
 

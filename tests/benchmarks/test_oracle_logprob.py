@@ -51,6 +51,7 @@ def _independent_logps(model, prompt, continuation):
 def test_prompts_are_the_rollouts_first_prompts(tiny_model_dir, fl_cases):
     import bench_engines
 
+    from ragen_trainer.config import load_config
     from ragen_trainer.engines import SamplingParams
     from ragen_trainer.engines.hf import HFEngine
     from ragen_trainer.models import load_model_and_tokenizer
@@ -62,7 +63,8 @@ def test_prompts_are_the_rollouts_first_prompts(tiny_model_dir, fl_cases):
     seeds, prompts = bench_engines.first_turn_prompts(tokenizer, FL, 3)
     assert seeds == [0, 1, 2] and [c.prompt_ids for c in cases] == prompts
     batch = collect_rollouts(HFEngine(model, tokenizer, batch_size=3), tokenizer, FL, [0, 1, 2], 1,
-                             sampling=SamplingParams(max_new_tokens=2, seed=0), reply_tokens="sampled")  # fmt: skip
+                             settings=load_config().replace(reply_tokens="sampled").rollout_settings(),
+                             sampling=SamplingParams(max_new_tokens=2, seed=0))  # fmt: skip
     for traj, case in zip(batch.trajectories, cases):
         assert traj.input_ids[: len(case.prompt_ids)] == case.prompt_ids
     prefix_ids = tokenizer("<think>", add_special_tokens=False)["input_ids"]

@@ -17,8 +17,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
+from ragen_trainer.checkpoints.verify import pickled_globals
 from ragen_trainer.distributed import DEEPSPEED_PICKLE_GLOBALS, DEEPSPEED_TAG, check_deepspeed_files
-from ragen_trainer.models import pickled_globals
 
 pytestmark = pytest.mark.distributed
 

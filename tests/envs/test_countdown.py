@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 import random
 import time
 from collections import Counter
@@ -23,7 +24,6 @@ from ragen_envs.countdown import (
     CountdownEnv,
     EvaluationError,
     ExpressionError,
-    _reaches,
     evaluate,
     generate_puzzle,
     generate_reference_tasks,
@@ -36,6 +36,7 @@ from ragen_envs.countdown import (
     tokenize,
     uses_numbers,
 )
+from ragen_envs.countdown.dataset import _reaches
 
 #: Today's behaviour before the reference became the default: ragen's generator and strict checker.
 OLD = {"tasks": "generated", "scoring": "strict"}
@@ -199,12 +200,12 @@ def transcribed_reference_reward(answer: str, numbers: list[int], target: int) -
     try:
         if sorted(int(n) for n in re.findall(r"\d+", answer)) != sorted(numbers):
             return 0.0
-    except Exception:
+    except Exception:  # noqa: BLE001 -- the reference's own bare except, transcribed
         return 0.0
     try:
         result = eval(answer, {"__builtins__": None}, {})
         return 1.0 if abs(result - target) < 1e-5 else 0.1
-    except Exception:
+    except Exception:  # noqa: BLE001 -- the reference's own bare except, transcribed
         return 0.1
 
 
@@ -240,7 +241,7 @@ def random_expression(rng: random.Random, depth: int = 0) -> str:
 def outcome(fn, text):  # type: ignore[no-untyped-def]
     try:
         return ("value", repr(fn(text)))
-    except Exception:  # eval's errors, EvaluationError: both "cannot be evaluated"
+    except Exception:  # noqa: BLE001 -- eval's errors, EvaluationError: both "cannot be evaluated"
         return ("error", None)
 
 
@@ -536,3 +537,18 @@ def test_check_reasoning_verifies_arithmetic_claims_exactly():
     assert check("2 + 2 = 2 * 2, and 1+1=1+1") == {"supported": 0, "contradicted": 0}  # identities, not values
     assert check("So 6 / 4 = 3/2.") == {"supported": 1, "contradicted": 0}
     assert check("") == {"supported": 0, "contradicted": 0}
+
+
+def test_countdown_claim_with_zero_denominator_does_not_crash_grounding():
+    # "= 3/0" used to raise ZeroDivisionError from Fraction("3/0") inside check_reasoning, which crashed
+    # the grounding reward wrapper (and so a training run) on a plain thinking text.
+    env = CountdownEnv()
+    env.reset(seed=0)
+    counts = env.check_reasoning("6 / 4 = 3/0 and 2 + 2 = 4", env.state_view(), [])
+    assert counts == {"supported": 1, "contradicted": 1}
+
+    wrapped = gym.make("ragen/Countdown-v0", reward_wrappers=["grounding"])
+    wrapped.reset(seed=0)
+    _, reward, *_, info = wrapped.step("<think>so 6 / 4 = 3/0</think><answer>1 + 2</answer>")
+    assert math.isfinite(reward)
+    assert info["reward_details"]["grounding"]["contradicted"] == 1

@@ -295,3 +295,13 @@ def test_state_keys_reach_every_turn_info():
     assert info["boxes_on_target"] == 1 and info["deadlock"] is False and info["actions"] == []
     _, _, _, _, info = env.step("<think>t</think><answer>Right</answer>")  # off the target into the corner
     assert info["boxes_on_target"] == 0 and info["deadlock"] is True
+
+
+def test_sokoban_current_level_before_reset_says_so():
+    # current_level() before the first reset raised AttributeError: '_pool_current' (an attribute set only by
+    # a pooled reset), whatever the level source.
+    env = SokobanEnv()
+    with pytest.raises(RuntimeError, match="reset"):
+        env.current_level()
+    env.reset(seed=0)
+    assert env.current_level() is env.level

@@ -17,12 +17,9 @@ from ragen_envs.sokoban.generator import (
     numba_available,
     shared_generator,
 )
+from ragen_envs.sokoban.kernels import OUT_PULLED, OUT_SCORE, OUT_START, OUT_STATES
 from ragen_envs.sokoban.pool import LevelPool, level_seed
 from ragen_envs.sokoban.reference_generator import (
-    _OUT_PULLED,
-    _OUT_SCORE,
-    _OUT_START,
-    _OUT_STATES,
     ReferenceConfig,
     ReferenceGenerator,
     generate_reference_level,
@@ -103,11 +100,11 @@ def test_search_matches_a_recursive_oracle(dim, nb, depth, cap, rooms):
         fixed_flat, targets, best_loc, out = gen._bufs[0], gen._bufs[2], gen._bufs[15], gen._bufs[-1]
         fixed = np.array(fixed_flat).reshape(rows, cols)
         score, state, explored = _oracle(
-            fixed, divmod(out[_OUT_START], cols), [divmod(t, cols) for t in targets], depth, cap
+            fixed, divmod(out[OUT_START], cols), [divmod(t, cols) for t in targets], depth, cap
         )
-        assert (explored, score) == (out[_OUT_STATES], out[_OUT_SCORE])
+        assert (explored, score) == (out[OUT_STATES], out[OUT_SCORE])
         if score > 0:
-            assert state == (divmod(out[_OUT_PULLED], cols), tuple(sorted(divmod(b, cols) for b in best_loc)))
+            assert state == (divmod(out[OUT_PULLED], cols), tuple(sorted(divmod(b, cols) for b in best_loc)))
         else:
             assert status == 3  # a room scoring 0 is redrawn
         compared += 1

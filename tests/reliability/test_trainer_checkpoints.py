@@ -29,8 +29,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from ragen_trainer.config import RunConflictError, load_config
-from ragen_trainer.models import checkpoint_problems
+from ragen_trainer.checkpoints.folders import RunConflictError
+from ragen_trainer.checkpoints.verify import checkpoint_problems
+from ragen_trainer.config import load_config
 from ragen_trainer.monitor import MetricsLogger, read_metrics
 from ragen_trainer.trainer import StarPOTrainer, TrainerCallback
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model, build_tiny_tokenizer

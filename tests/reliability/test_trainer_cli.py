@@ -298,7 +298,7 @@ def test_changed_config_is_refused_then_resume_or_overwrite(tmp_path, tiny_model
     assert _steps(out / "metrics.jsonl") == [1]
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-1"]
     assert (out / "my-notes.txt").read_text() == "kept\n"  # files that are not the run's are left alone
-    from ragen_trainer.models import read_checkpoint_info
+    from ragen_trainer.checkpoints.layout import read_checkpoint_info
 
     assert read_checkpoint_info(out / "checkpoint-1")["config"]["seed"] == 4
 

@@ -20,7 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ragen_trainer import cli
-from ragen_trainer.models import checkpoint_problems
+from ragen_trainer.checkpoints.verify import checkpoint_problems
 from ragen_trainer.trainer import StarPOTrainer
 from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer
 

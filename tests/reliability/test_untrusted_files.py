@@ -39,6 +39,9 @@ np = pytest.importorskip("numpy")
 
 # after the skips: these need the training stack
 from ragen_trainer import cli
+from ragen_trainer.checkpoints.rng import capture_rng_state, read_rng_state, set_rng_state
+from ragen_trainer.checkpoints.state import load_plain_torch_file
+from ragen_trainer.checkpoints.verify import checkpoint_problems, pickled_globals
 from ragen_trainer.config import load_config
 from ragen_trainer.distributed import (
     DEEPSPEED_PICKLE_GLOBALS,
@@ -50,16 +53,8 @@ from ragen_trainer.distributed import (
     process_group_kwargs,
 )
 from ragen_trainer.fileio import atomic_write_json
-from ragen_trainer.models import (
-    DamagedModelError,
-    ModelLoadError,
-    checkpoint_problems,
-    load_model_and_tokenizer,
-    pickled_globals,
-    read_rng_state,
-)
+from ragen_trainer.models import DamagedModelError, ModelLoadError, load_model_and_tokenizer
 from ragen_trainer.safe_yaml import load_yaml
-from ragen_trainer.trainer import _load_plain_torch_file, _rng_state, _set_rng_state
 
 
 class RunsCode:
@@ -108,10 +103,10 @@ def test_the_json_rng_state_restores_exactly_the_same_streams(tmp_path):
     random.gauss(0, 1)  # leaves a cached Gaussian in Python's generator
     np.random.randn(1)  # and in numpy's
     path = tmp_path / "rng_state.json"
-    atomic_write_json(path, _rng_state(), indent=None)
+    atomic_write_json(path, capture_rng_state(), indent=None)
     expected = draws()
     draws()  # the generators move on
-    _set_rng_state(read_rng_state(path), str(path))
+    set_rng_state(read_rng_state(path), str(path))
     assert draws() == expected
     data = json.loads(path.read_text())
     assert data["python"]["gauss"] is not None and data["numpy"]["has_gauss"] == 1
@@ -130,12 +125,12 @@ def test_the_json_rng_state_restores_exactly_the_same_streams(tmp_path):
 ], ids=["format", "python-state", "numpy-key", "numpy-pos", "torch-not-base64", "torch-wrong-size", "cuda", "empty"])
 def test_a_damaged_rng_state_is_a_message_naming_the_file(tmp_path, change, needle):
     path = tmp_path / "rng_state.json"
-    data = _rng_state()
+    data = capture_rng_state()
     change(data)
     path.write_text(json.dumps(data))
     before = (random.getstate(), torch.random.get_rng_state())
     with pytest.raises(ValueError, match=needle) as info:
-        _set_rng_state(read_rng_state(path), str(path))
+        set_rng_state(read_rng_state(path), str(path))
     assert str(path) in str(info.value)
     assert random.getstate() == before[0] and torch.equal(torch.random.get_rng_state(), before[1])  # untouched
 
@@ -222,14 +217,14 @@ def test_plain_torch_files_refuse_what_the_scan_cannot_follow(tmp_path):
     path = tmp_path / "scheduler.pt"
     torch.save({"x": RunsCode(marker)}, path, pickle_protocol=4)
     with pytest.raises(ValueError, match="something other than tensors and plain data"):
-        _load_plain_torch_file(str(path))
+        load_plain_torch_file(str(path))
     path.write_bytes(path.read_bytes()[:40])
     with pytest.raises(ValueError, match="scheduler.pt"):
-        _load_plain_torch_file(str(path))
+        load_plain_torch_file(str(path))
     assert not marker.exists()
     good = tmp_path / "good.pt"
     torch.save({"base_lrs": [1e-3], "last_epoch": 3, "t": torch.ones(2)}, good)
-    assert _load_plain_torch_file(str(good))["last_epoch"] == 3
+    assert load_plain_torch_file(str(good))["last_epoch"] == 3
 
 
 def test_checkpoint_checks_accept_json_and_old_pth_rng_states(cli_run, tmp_path):

@@ -11,7 +11,8 @@ Fixtures:
     scripted_engine  factory: ``scripted_engine(tokenizer, ["<answer>Dragon</answer>", ...])`` -> an engine that
                      replies with the given texts in turn (tokenised, ending with ``<|im_end|>``)
 
-The builders (:func:`build_tiny_tokenizer`, :func:`build_tiny_model`) are importable:
+The builders (:func:`build_tiny_tokenizer`, :func:`build_tiny_model`) and :func:`latest_rollout` (the rollout
+settings of the tests that play episodes) are importable:
 ``from tests.trainer.conftest import build_tiny_model``.
 """
 
@@ -28,6 +29,8 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from ragen_trainer.config import load_config
+from ragen_trainer.settings import RolloutSettings
 from ragen_trainer.update import pad_rows  # noqa: E402  (after the skips: it needs torch)
 
 # Tiny models run fastest on one thread: their matmuls are too small to split, and with two threads on a busy
@@ -136,6 +139,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     build_tiny_model(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def latest_rollout(**changes: Any) -> RolloutSettings:
+    """The rollout settings most rollout tests were written with, ``changes`` (config fields) applied: StarPO-S as the
+    later reference trains it (only the replies trained, cleaned replies, 3600 tokens of context, a group's env
+    randomness shared), made by the config as a run makes them."""
+    return load_config("starpo-s").replace(reference="latest", **changes).rollout_settings()
 
 
 def padded_batch(trajs: Any) -> tuple[Any, Any]:

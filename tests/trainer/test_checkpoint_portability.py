@@ -32,6 +32,8 @@ import gymnasium as gym
 
 import ragen_envs  # noqa: F401  (registers the ragen/* envs)
 from ragen_trainer import models
+from ragen_trainer.checkpoints.layout import read_checkpoint_info
+from ragen_trainer.checkpoints.verify import checkpoint_problems
 from ragen_trainer.config import load_config
 from ragen_trainer.critic import CRITIC_FILE
 from ragen_trainer.engines.local_server import serve_missing, transformers_serve
@@ -194,14 +196,14 @@ def test_final_holds_what_serving_needs_and_no_training_state(run):
         assert absent not in names, absent
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "chat_template.jinja", "README.md", "ragen_checkpoint.json", "ragen_config.yaml"} <= names  # fmt: skip
-    assert models.checkpoint_problems(final, training_state=False) == []
-    marker = models.read_checkpoint_info(final)
+    assert checkpoint_problems(final, training_state=False) == []
+    marker = read_checkpoint_info(final)
     assert marker["kind"] == "final" and marker["critic"] is None
     assert marker["serving"]["generation_prefix"] == "<answer>"
     # The resumable checkpoint keeps everything training needs, the critic included.
-    assert models.checkpoint_problems(checkpoint) == []
+    assert checkpoint_problems(checkpoint) == []
     assert (checkpoint / CRITIC_FILE).is_file() and (checkpoint / "optimizer.pt").is_file()
-    assert models.read_checkpoint_info(checkpoint)["critic"] == "value_model"
+    assert read_checkpoint_info(checkpoint)["critic"] == "value_model"
     final_bytes = sum(p.stat().st_size for p in final.iterdir())
     assert final_bytes < (final / "model.safetensors").stat().st_size * 1.5  # weights, not a second copy for a critic
 

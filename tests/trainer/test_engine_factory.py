@@ -11,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ragen_trainer.config import StarPOConfig, run_files  # noqa: E402
+from ragen_trainer.checkpoints.layout import run_files
+from ragen_trainer.config import StarPOConfig  # noqa: E402
 from ragen_trainer.engines.factory import make_training_engine  # noqa: E402
 from ragen_trainer.engines.hf import HFEngine  # noqa: E402
 from ragen_trainer.engines.hf_generate import GenerateEngine  # noqa: E402

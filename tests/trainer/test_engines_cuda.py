@@ -23,9 +23,11 @@ from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.hf_generate import GenerateEngine
 from ragen_trainer.rollout import collect_rollouts
-from tests.trainer.conftest import build_tiny_model
+from tests.trainer.conftest import build_tiny_model, latest_rollout
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
+#: The rollout settings of these engine comparisons (only the replies trained, cleaned replies).
+LATEST = latest_rollout()
 
 
 @pytest.fixture
@@ -63,9 +65,9 @@ def test_greedy_rollouts_match_model_generate_on_the_device(device_model, tiny_t
     # Token-identical on the CPU (test_hf_engine_cache.py); on a GPU the two engines' kernels differ (packed prefill
     # against a padded batch), so a near-tie in the random tiny model's logits could in principle flip one argmax.
     old = collect_rollouts(GenerateEngine(device_model, tiny_tokenizer), tiny_tokenizer, env_id, [0, 1], 3,
-                           sampling=GREEDY)  # fmt: skip
+                           settings=LATEST, sampling=GREEDY)  # fmt: skip
     engine = HFEngine(device_model, tiny_tokenizer, batch_size=4)  # fewer rows than episodes: continuous batching
-    new = collect_rollouts(engine, tiny_tokenizer, env_id, [0, 1], 3, sampling=GREEDY)
+    new = collect_rollouts(engine, tiny_tokenizer, env_id, [0, 1], 3, settings=LATEST, sampling=GREEDY)
     assert _signature(new) == _signature(old)
     for a, b in zip(old.trajectories, new.trajectories):
         assert b.old_logprobs == pytest.approx(a.old_logprobs, abs=1e-3)
@@ -77,7 +79,7 @@ def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(device
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
     batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
                              env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}},
-                             reply_tokens="sampled")  # fmt: skip
+                             settings=latest_rollout(reply_tokens="sampled"))  # fmt: skip
     multi_turn = [t for t in batch.trajectories if len(t.turn_spans) > 1]
     assert multi_turn, "the tiny model's replies should not end every episode in one turn"
     assert engine.stats["reused_tokens"] > 0

@@ -14,8 +14,11 @@ from ragen_trainer.engines.hf.cache import common_prefix
 from ragen_trainer.engines.hf.scheduler import MIN_SHARED_PREFIX
 from ragen_trainer.engines.hf_generate import GenerateEngine
 from ragen_trainer.rollout import collect_rollouts
+from tests.trainer.conftest import latest_rollout
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
+#: The rollout settings of these engine comparisons (only the replies trained, cleaned replies).
+LATEST = latest_rollout()
 
 
 def _prompt(tokenizer, text):
@@ -48,9 +51,10 @@ def _signature(batch):
 def test_greedy_rollouts_are_token_identical_to_model_generate(tiny_model, tiny_tokenizer, env_id, env_kwargs):
     seeds, group = [0, 1], 3
     old = collect_rollouts(GenerateEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, env_id, seeds, group,
-                           sampling=GREEDY, env_kwargs=env_kwargs)  # fmt: skip
+                           settings=LATEST, sampling=GREEDY, env_kwargs=env_kwargs)  # fmt: skip
     engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)  # fewer rows than episodes: continuous batching
-    new = collect_rollouts(engine, tiny_tokenizer, env_id, seeds, group, sampling=GREEDY, env_kwargs=env_kwargs)
+    new = collect_rollouts(engine, tiny_tokenizer, env_id, seeds, group, settings=LATEST, sampling=GREEDY,
+                           env_kwargs=env_kwargs)  # fmt: skip
     assert _signature(new) == _signature(old)
     for a, b in zip(old.trajectories, new.trajectories):
         assert b.old_logprobs == pytest.approx(a.old_logprobs, abs=1e-4)
@@ -64,7 +68,7 @@ def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(tiny_m
     # re-tokenisation differs from the sample cannot reuse the parked cache).
     batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
                              env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}},
-                             reply_tokens="sampled")  # fmt: skip
+                             settings=latest_rollout(reply_tokens="sampled"))  # fmt: skip
     multi_turn = [t for t in batch.trajectories if len(t.turn_spans) > 1]
     assert multi_turn, "the tiny model's replies should not end every episode in one turn"
     # Turns after the first re-encoded only the env's delta: most of every later prompt came from the parked cache.
@@ -78,7 +82,7 @@ def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(tiny_m
 
 
 def test_parked_cache_budget_and_eviction_do_not_change_results(tiny_model, tiny_tokenizer):
-    kwargs = {"env_kwargs": {"protocol": {"stop_after_answer": False}}, "sampling": GREEDY}
+    kwargs = {"env_kwargs": {"protocol": {"stop_after_answer": False}}, "sampling": GREEDY, "settings": LATEST}
     cached = collect_rollouts(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, "ragen/FrozenLake-v0", [4], 3,
                               **kwargs)  # fmt: skip
     uncached = HFEngine(tiny_model, tiny_tokenizer, max_parked_tokens=0)
@@ -218,8 +222,8 @@ def test_protocol_stop_strings_reach_the_engine(tiny_tokenizer, scripted_engine)
         return original(prompts, params)
 
     engine.generate = recording
-    collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0], 1, sampling=GREEDY)
-    collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0], 1, sampling=GREEDY,
+    collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0], 1, settings=LATEST, sampling=GREEDY)
+    collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0], 1, settings=LATEST, sampling=GREEDY,
                      env_kwargs={"protocol": {"stop_after_answer": False}})  # fmt: skip
     assert seen[0] == ("</answer>",) and seen[-1] == ()
 
@@ -295,7 +299,7 @@ def test_io_bound_envs_step_in_threads_while_the_model_generates(tiny_model, tin
         return original(episode, reply)
 
     monkeypatch.setattr(driver, "_step", recording_step)
-    kwargs = {"env_kwargs": {"num_products": 64, "protocol": {"max_turns": 2}}, "sampling": GREEDY}
+    kwargs = {"env_kwargs": {"num_products": 64, "protocol": {"max_turns": 2}}, "sampling": GREEDY, "settings": LATEST}
     engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=2)
     threaded = collect_rollouts(engine, tiny_tokenizer, "ragen/WebShop-v0", [0, 1], 2, **kwargs)
     assert threads and all(name.startswith("ragen-env") for name in threads)
@@ -349,7 +353,7 @@ def test_distinct_prompts_share_the_encoding_of_their_common_head(tiny_model, ti
 
 
 def test_shared_prefixes_change_no_reply_of_a_multi_turn_rollout(tiny_model, tiny_tokenizer):
-    kwargs = dict(sampling=SamplingParams(temperature=0, max_new_tokens=12), progress=False)
+    kwargs = {"sampling": SamplingParams(temperature=0, max_new_tokens=12), "progress": False, "settings": LATEST}
     runs = [collect_rollouts(HFEngine(tiny_model, tiny_tokenizer, batch_size=4, share_prefixes=share), tiny_tokenizer,
                              "ragen/FrozenLake-v0", [0, 1, 2], 2, **kwargs) for share in (False, True)]  # fmt: skip
     assert _signature(runs[0]) == _signature(runs[1])
@@ -384,7 +388,7 @@ def test_packed_prefill_gives_each_prompt_the_logits_of_its_own_forward_pass(tin
 
 
 def test_prefill_in_small_passes_gives_the_same_rollouts(tiny_model, tiny_tokenizer):
-    kwargs = {"sampling": SamplingParams(temperature=1.0, max_new_tokens=8, seed=5)}
+    kwargs = {"sampling": SamplingParams(temperature=1.0, max_new_tokens=8, seed=5), "settings": LATEST}
     one_pass = collect_rollouts(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2,
                                 **kwargs)  # fmt: skip
     small = HFEngine(tiny_model, tiny_tokenizer, prefill_tokens=1)  # every prompt in a pass of its own

@@ -1,6 +1,9 @@
-"""What HFEngine relies on in ``transformers`` (:mod:`ragen_trainer.engines.hf.transformers_api`), pinned: the
+"""What ragen relies on in ``transformers`` (:mod:`ragen_trainer.engines.hf.transformers_api`), pinned: the
 attention interface, switching a model's attention implementation and reading it back, the cache layer protocol, and
-the support checks. ``scripts/check_lower_bounds.sh`` runs this file on the lowest supported ``transformers`` too."""
+the support checks (HFEngine); an attention function given SDPA's masks, with ``transformers``' SDPA attention behind
+it (the packed micro-batches); the last hidden state of the model's own forward with its LM head on no position (the
+policy's log-probs and values). ``scripts/check_lower_bounds.sh`` runs this file on the lowest supported
+``transformers`` too."""
 
 from __future__ import annotations
 
@@ -120,3 +123,50 @@ def test_support_checks_and_the_attention_shape(tiny_model, tiny_tokenizer, monk
     monkeypatch.setattr(type(tiny_model), "_supports_attention_backend", False)  # what is_backend_compatible reads
     with pytest.raises(ValueError, match="attention interface"):
         api.check_supported(tiny_model)
+
+
+def test_an_attention_function_with_sdpas_masks_can_hand_its_calls_to_sdpa(tiny_model):
+    """Registered with ``sdpa_masks``, a function gets the masks SDPA would, so passing them on to ``transformers``'
+    SDPA attention gives the model's own outputs, padded rows included."""
+    model = tiny_model.eval()
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3], [7, 7, 21, 60, 2, 0]])
+    attention_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])
+    with torch.no_grad():
+        expected = model(ids, attention_mask=attention_mask).logits
+    calls = []
+
+    def passing_on(module, query, key, value, attention_mask, **kwargs):
+        calls.append(module.layer_idx)
+        return api.sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+    before = api.attention_implementation(model)
+    api.register_attention(passing_on, "ragen_test_sdpa_masks", sdpa_masks=True)
+    api.set_attention_implementation(model, "ragen_test_sdpa_masks")
+    try:
+        with torch.no_grad():
+            got = model(ids, attention_mask=attention_mask).logits
+    finally:
+        api.set_attention_implementation(model, before)
+    assert calls == [0, 1]
+    torch.testing.assert_close(got[attention_mask.bool()], expected[attention_mask.bool()])
+
+
+def test_the_last_hidden_state_comes_from_the_models_own_forward_without_logits(tiny_model):
+    model = tiny_model.train()
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    decoder = model.get_decoder()
+    expected = decoder(input_ids=ids).last_hidden_state  # after the final norm: what the LM head reads
+    calls, head_rows = [], []
+    decoder_hooks = dict(decoder._forward_hooks)
+    hooks = [model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs), with_kwargs=True),
+             model.lm_head.register_forward_pre_hook(lambda module, args: head_rows.append(args[0].shape[1]))]
+    try:
+        hidden = api.last_hidden_state(model, decoder, {"input_ids": ids})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert torch.equal(hidden, expected)
+    assert len(calls) == 1 and head_rows == [0]  # one ordinary call of the model, its LM head on no position
+    assert decoder._forward_hooks == decoder_hooks  # the catching hook is gone
+    hidden.sum().backward()  # the gradient reaches the weights through the model's call
+    assert decoder.layers[0].self_attn.q_proj.weight.grad is not None

@@ -13,6 +13,7 @@ pytest.importorskip("trl")
 
 from ragen_trainer.cli import main as cli_main
 from ragen_trainer.config import load_config
+from ragen_trainer.critic import PolicyWithCritic
 from ragen_trainer.monitor import KEY_ENTROPY, KEY_REPLY_ENTROPY, EchoTrapMonitor
 from ragen_trainer.plotting import find_configurations, load_records, mean_band, series, validation_splits
 from ragen_trainer.trainer import StarPOTrainer
@@ -27,7 +28,7 @@ def test_reply_mask_covers_exactly_the_reply_tokens_under_the_paper_mask(tmp_pat
     cfg = small_config(tmp_path, filter_ratio=1.0, max_turns=1)
     assert cfg.loss_mask == "after_system"
     trainer = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
-    kept, _ = trainer.filter(trainer.rollout(0)[0])
+    kept, _ = trainer.filter(trainer.rollout(0).trajectories)
     batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
     for mb in micro_batches(batch, list(range(len(batch))), micro_batch_size=8, rank=0, world=1,
                             agg_mode=cfg.loss_agg_mode, micro_size=cfg.loss_agg_micro_size):
@@ -45,11 +46,11 @@ def test_reply_entropy_is_the_entropy_of_the_reply_tokens_only(tmp_path, tiny_to
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, filter_ratio=1.0, max_turns=1, critic="value_head")
     trainer = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
-    kept, _ = trainer.filter(trainer.rollout(0)[0])
+    kept, _ = trainer.filter(trainer.rollout(0).trajectories)
     batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
     micro = micro_batches(batch, list(range(len(batch))), micro_batch_size=8, rank=0, world=1,
-                          agg_mode="token-mean")[0]
-    _, stats = ppo_loss(cfg, trainer.model, micro)
+                          agg_mode="token-mean", micro_size=1)[0]
+    _, stats = ppo_loss(cfg, PolicyWithCritic(trainer.model), micro)
     # the same number from the model's full logits, over the reply positions
     ids = [t.input_ids for t in batch.kept]
     expected_num, expected_den = 0.0, 0.0

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from ragen_trainer.losses import agg_loss, entropy_from_logits, kl_penalty, policy_loss, row_normalizers, value_loss
+from ragen_trainer.settings import LossSettings
+
+#: The settings of these hand computations: a token mean over the trained tokens, dual clip 3, value clip 0.5.
+SETTINGS = LossSettings(clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, loss_agg_mode="token-mean",
+                        loss_agg_micro_size=4, kl_estimator="k3", value_clip=0.5)
 
 
 def _case():
@@ -24,7 +30,7 @@ def _case():
 
 def test_policy_loss_decoupled_clipping_by_hand():
     logp, old, adv, mask = _case()
-    loss, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    loss, stats = policy_loss(logp, old, adv, mask, SETTINGS)
     per_token = [-1.0 * 1.28, 2.0 * 0.8, -1.0 * 1.1]  # max(-A r, -A clip(r)) for each unmasked token
     assert loss.item() == pytest.approx(sum(per_token) / 3, rel=1e-6)
     assert stats["clipfrac"].item() == pytest.approx(2 / 3)
@@ -38,10 +44,10 @@ def test_policy_loss_decoupled_clipping_by_hand():
 
 def test_clip_higher_lets_positive_ratio_grow_further():
     logp, old, adv, mask = _case()
-    sym, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
-    asym, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28)
+    sym, _ = policy_loss(logp, old, adv, mask, replace(SETTINGS, clip_high=0.2))
+    asym, _ = policy_loss(logp, old, adv, mask, replace(SETTINGS, clip_high=0.28))
     assert asym.item() == pytest.approx(sym.item() - (1.28 - 1.2) / 3, rel=1e-6)
-    wide, _ = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.6)  # 1.5 < 1.6: not clipped any more
+    wide, _ = policy_loss(logp, old, adv, mask, replace(SETTINGS, clip_high=0.6))  # 1.5 < 1.6: not clipped any more
     assert wide.item() == pytest.approx((-1.5 + 1.6 - 1.1) / 3, rel=1e-6)
 
 
@@ -68,6 +74,8 @@ def test_micro_token_mean_by_hand():
         agg_loss(loss, mask, "token-mean").item())
     with pytest.raises(ValueError, match="per-row"):
         agg_loss(loss, mask, "micro-token-mean", normalizer=3.0)
+    with pytest.raises(ValueError, match="needs micro_size"):  # the size differs by reference: never assumed
+        agg_loss(loss, mask, "micro-token-mean")
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "micro-token-mean"])
@@ -119,7 +127,7 @@ def test_value_loss_clipping_by_hand():
     old = torch.tensor([[0.0, 0.0]])
     returns = torch.tensor([[2.0, 1.0]])
     mask = torch.ones(1, 2)
-    loss, stats = value_loss(values, old, returns, mask, clip=0.5)
+    loss, stats = value_loss(values, old, returns, mask, SETTINGS)
     # token 0: clipped value 0.5 -> max((1-2)^2, (0.5-2)^2) = 2.25; token 1 inside the clip range: (0.1-1)^2 = 0.81
     assert loss.item() == pytest.approx(0.5 * (2.25 + 0.81) / 2)
     assert stats["vf_clipfrac"].item() == pytest.approx(0.5)

@@ -9,17 +9,20 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ragen_trainer import models  # noqa: E402
-from ragen_trainer.models import (  # noqa: E402
+from ragen_trainer.checkpoints.layout import (
     CHECKPOINT_MARKER,
+    is_ragen_checkpoint,
+    read_checkpoint_info,
+    write_checkpoint_marker,
+)
+from ragen_trainer.models import (
     DEFAULT_MODEL,
     LoraSettings,
     ModelLoadError,
     is_default_model,
-    is_ragen_checkpoint,
     load_model_and_tokenizer,
     load_tokenizer,
     stop_token_ids,
-    write_checkpoint_marker,
 )
 
 
@@ -107,7 +110,7 @@ def test_lora_wraps_the_model_and_an_adapter_folder_reloads(tiny_model_dir, tmp_
     tokenizer.save_pretrained(out)
     write_checkpoint_marker(out, {"step": 3})
     assert is_ragen_checkpoint(out)
-    assert models.read_checkpoint_info(out) == {"step": 3}
+    assert read_checkpoint_info(out) == {"step": 3}
 
     again, _ = load_model_and_tokenizer(str(out), device="cpu")
     ids = torch.tensor([tokenizer("reward state", add_special_tokens=False)["input_ids"]])

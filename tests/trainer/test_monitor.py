@@ -81,11 +81,13 @@ def test_rollout_metrics_on_a_known_batch():
 def test_rollout_metrics_count_thinking_tokens_with_a_tokenizer(tiny_tokenizer, scripted_engine):
     from ragen_trainer.engines import SamplingParams
     from ragen_trainer.rollout import collect_rollouts
+    from tests.trainer.conftest import latest_rollout
 
     think = "The dragon is risky but pays more on average."
     engine = scripted_engine(tiny_tokenizer, [f"<think>{think}</think><answer>Dragon</answer>"])
     batch = collect_rollouts(
-        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=SamplingParams(), env_kwargs={"reply_prefix": ""}
+        engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, settings=latest_rollout(), sampling=SamplingParams(),
+        env_kwargs={"reply_prefix": ""},
     )
     m = rollout_metrics(batch, tiny_tokenizer)
     assert m["response/thinking_length"] == len(tiny_tokenizer(think, add_special_tokens=False)["input_ids"])

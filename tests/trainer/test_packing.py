@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ragen_trainer.config import load_config
-from ragen_trainer.critic import attach_critic, install_policy_forward
+from ragen_trainer.critic import PolicyWithCritic, attach_critic
 from ragen_trainer.packing import pack, shared_prefix_length, use_packed_attention
 from ragen_trainer.trainer import StarPOTrainer
 from ragen_trainer.update import action_mask, token_logprobs
@@ -39,20 +39,20 @@ def _rollouts(tmp_path, tokenizer, env, loss_mask="replies"):
     engine = ScriptedEngine(tokenizer, lambda prompt, call, row: replies[(row + call) % len(replies)])
     cfg = _config(tmp_path, env, loss_mask=loss_mask)
     trainer = StarPOTrainer(cfg, build_tiny_model(tokenizer), tokenizer, engine=engine)
-    trajs, _ = trainer.rollout(0)
+    trajs = trainer.rollout(0).trajectories
     return trajs
 
 
 def _padded_reference(model, trajs, mask, *, values):
-    """Log-probs (temperature 1), entropies and values at ``mask`` from an ordinary padded forward."""
+    """Log-probs (temperature 1), entropies and values at ``mask`` from an ordinary padded forward (and the critic's
+    own pass on the same padded batch)."""
     ids, attn = padded_batch(trajs)
-    out = model(input_ids=ids, attention_mask=attn, return_values=values) if values else model(
-        input_ids=ids, attention_mask=attn)
-    logits = out["logits"][:, :-1].float()
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1) * mask
     ent = -(logp_all.exp() * logp_all).sum(-1) * mask
-    vals = out["critic_values"][:, :-1].float() * mask if values else None
+    critic_values = PolicyWithCritic(model).values({"input_ids": ids, "attention_mask": attn}) if values else None
+    vals = critic_values[:, :-1].float() * mask if values else None
     return logp, ent, vals
 
 
@@ -81,13 +81,13 @@ def test_packed_forward_and_gradients_match_the_padded_batch(tmp_path, tiny_toke
         with torch.no_grad():  # a non-zero critic head, so the values carry a gradient signal
             for p in model.ragen_critic.parameters():
                 p.normal_(0, 0.1)
-        install_policy_forward(model)
         use_packed_attention(model)
         if name == "padded":
             logp, ent, vals = _padded_reference(model, trajs, mask, values=True)
         else:
             layout = packed if name == "packed" else unshared
-            logp, ent, vals = token_logprobs(model, layout, mask, temperature=1.0, entropy=True, values=True)
+            logp, ent, vals = token_logprobs(PolicyWithCritic(model), layout, mask, temperature=1.0, entropy=True,
+                                             values=True)
         loss = (logp * torch.linspace(-1, 1, logp.shape[1])).sum() + ent.sum() * 0.1 + (vals ** 2).sum()
         loss.backward()
         results[name] = (logp.detach(), ent.detach(), vals.detach())

@@ -8,6 +8,7 @@ second mini-batch on can the ratio move away from 1, so these tests use several 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -112,17 +113,19 @@ def test_dual_clip_bounds_negative_advantage_losses():
     old = torch.zeros(1, 3)
     adv = torch.tensor([[-1.0, 1.0, -1.0]])
     mask = torch.ones(1, 3)
-    loss, stats = policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0,
-                              agg_mode="token-mean")  # fmt: skip
+    # the later reference's clipping (0.2 / 0.28, dual clip 3) with a token mean over the three tokens
+    settings = load_config("starpo-s").replace(reference="latest", loss_agg_mode="token-mean").loss_settings()
+    assert (settings.clip_low, settings.clip_high, settings.clip_ratio_c) == (0.2, 0.28, 3.0)
+    loss, stats = policy_loss(logp, old, adv, mask, settings)
     # token 0: ratio 10, A < 0 -> min(max(10, 1.28), 3) = 3; token 1: ratio 10, A > 0 -> -1.28;
     # token 2: ratio 0.5, A < 0 -> max(0.5, 0.8) = 0.8 (the lower clip)
     assert float(loss) == pytest.approx((3.0 - 1.28 + 0.8) / 3)
     assert float(stats["clipfrac_dual"]) == pytest.approx(1 / 3)
     assert float(stats["ratio_min"]) == pytest.approx(0.5) and float(stats["ratio_max"]) == pytest.approx(10.0)
-    unbounded, _ = policy_loss(logp, old, adv, mask, clip_ratio_c=1e9, agg_mode="token-mean")
+    unbounded, _ = policy_loss(logp, old, adv, mask, replace(settings, clip_ratio_c=1e9))
     assert float(unbounded) == pytest.approx((10.0 - 1.28 + 0.8) / 3)
     # clip_ratio_c 0: no dual clip at all (the paper-era actor, RAGEN 3059df8 dp_actor.compute_policy_loss)
-    off, off_stats = policy_loss(logp, old, adv, mask, clip_ratio_c=0.0, agg_mode="token-mean")
+    off, off_stats = policy_loss(logp, old, adv, mask, replace(settings, clip_ratio_c=0.0))
     assert float(off) == pytest.approx((10.0 - 1.28 + 0.8) / 3) and float(off_stats["clipfrac_dual"]) == 0.0
 
 

@@ -147,6 +147,7 @@ def _lake_reply(prompt_text: str, call: int, row: int) -> str:
 def test_training_and_evaluation_play_identical_episodes(env_id, tiny_tokenizer, scripted_engine):
     seeds = [11, 12, 13, 14]
     train = collect_rollouts(scripted_engine(tiny_tokenizer, _lake_reply), tiny_tokenizer, env_id, seeds, 1,
+                             settings=load_config("starpo-s").rollout_settings(),
                              sampling=SamplingParams(max_new_tokens=64, seed=0))  # fmt: skip
     suite = suite_from_dict({"name": "same", "version": 1, "envs": [{"name": "E", "env_id": env_id, "seeds": seeds}],
                              "decoding": {"max_new_tokens": 64}})  # fmt: skip

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import random
 import re
+from dataclasses import fields, replace
 
 import pytest
 
@@ -24,6 +25,8 @@ from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.hf_generate import GenerateEngine
 from ragen_trainer.rollout import REPLY_TOKENS, ChatTokens, TokenAgent, clean_reply, collect_rollouts
+from ragen_trainer.settings import RolloutSettings
+from tests.trainer.conftest import latest_rollout
 
 # What the model writes after the "<think>" prefix: turn 1 has blanks to clean, an invalid arm and text after the
 # answer; turn 2 is clean and wins (Bandit, two turns allowed here to test the multi-turn bookkeeping).
@@ -53,9 +56,12 @@ def _spans_mask(traj):
 
 
 def _bandit(engine, tokenizer, **kwargs):
+    """Bandit rollouts (up to 5 turns); rollout settings (``reply_tokens``, ...) as keywords over
+    :func:`latest_rollout`'s."""
     env_kwargs = {"max_turns": 5, **kwargs.pop("env_kwargs", {})}
-    return collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=PARAMS, env_kwargs=env_kwargs,
-                            **kwargs)  # fmt: skip
+    settings = latest_rollout(**{f.name: kwargs.pop(f.name) for f in fields(RolloutSettings) if f.name in kwargs})
+    return collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0, 1], 2, settings=settings, sampling=PARAMS,
+                            env_kwargs=env_kwargs, **kwargs)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- the reference parser
@@ -243,10 +249,10 @@ def test_both_modes_play_the_same_episodes(tiny_tokenizer, scripted_engine):
 def test_bad_reply_tokens_values_are_refused(tiny_tokenizer, scripted_engine):
     engine = scripted_engine(tiny_tokenizer, _by_call(RAW))
     for bad in ("raw", "Cleaned", None, 1):
-        with pytest.raises(ValueError, match=r"reply_tokens.*'cleaned'.*'sampled'"):
-            collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=PARAMS, reply_tokens=bad)
-        with pytest.raises(ValueError, match=r"reply_tokens.*'cleaned'.*'sampled'"):
-            TokenAgent(engine, tiny_tokenizer, PARAMS, reply_tokens=bad)
+        with pytest.raises(ValueError, match=r"reply_tokens.*'cleaned'.*'sampled'"):  # checked where they are made
+            replace(latest_rollout(), reply_tokens=bad)
+    with pytest.raises(ValueError, match=r"settings.*RolloutSettings"):
+        TokenAgent(engine, tiny_tokenizer, PARAMS, settings={"reply_tokens": "cleaned"})
 
 
 # ---------------------------------------------------------------------------------------------- a real engine
@@ -257,7 +263,8 @@ def test_cleaned_rollouts_with_the_hf_engine_do_not_depend_on_its_cache(tiny_mod
               "env_kwargs": {"protocol": {"stop_after_answer": False, "max_turns": 3}}}  # fmt: skip
 
     def signature(engine):
-        batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, **kwargs)
+        batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, settings=latest_rollout(),
+                                 **kwargs)
         return [(t.input_ids, t.loss_mask, t.turn_spans, t.replies, t.turn_rewards) for t in batch.trajectories]
 
     cached = signature(HFEngine(tiny_model, tiny_tokenizer, batch_size=4))

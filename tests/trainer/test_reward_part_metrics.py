@@ -69,11 +69,12 @@ def test_parts_are_summed_per_trajectory_and_claims_averaged_per_turn():
 def _bandit_metrics(tokenizer, engine_factory, wrappers):
     from ragen_trainer.engines import SamplingParams
     from ragen_trainer.rollout import collect_rollouts
+    from tests.trainer.conftest import latest_rollout
 
     engine = engine_factory(tokenizer, [ONE_TRUE_ONE_FALSE])
     env_kwargs = {"reply_prefix": "", **({"reward_wrappers": wrappers} if wrappers else {})}
-    batch = collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0, 1, 2], 2, sampling=SamplingParams(),
-                             env_kwargs=env_kwargs)  # fmt: skip
+    batch = collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0, 1, 2], 2, settings=latest_rollout(),
+                             sampling=SamplingParams(), env_kwargs=env_kwargs)  # fmt: skip
     return batch, rollout_metrics(batch, tokenizer)
 
 

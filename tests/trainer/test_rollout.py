@@ -4,6 +4,7 @@ context limits, reward placement, chat-template variants, and chat (HTTP) engine
 from __future__ import annotations
 
 import copy
+from dataclasses import fields
 
 import pytest
 
@@ -12,6 +13,8 @@ torch = pytest.importorskip("torch")
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.rollout import ChatTokens, after_system_mask, collect_rollouts, placed_rewards
+from ragen_trainer.settings import RolloutSettings
+from tests.trainer.conftest import latest_rollout
 
 WIN = "<think>The dragon is risky but pays more on average.</think><answer>Dragon</answer>"
 BAD = "<think>hmm</think><answer>Unicorn</answer>"
@@ -33,13 +36,15 @@ class RecordingEngine:
 
 
 def collect(*args, max_turns=None, reply_prefix=None, env_kwargs=None, **kwargs):
-    """``collect_rollouts`` with protocol settings (turn cap, generation prefix) given as the env's kwargs."""
+    """``collect_rollouts`` with protocol settings (turn cap, generation prefix) given as the env's kwargs, and
+    rollout settings (``loss_mask``, ``reply_tokens``, ...) as keywords over :func:`latest_rollout`'s."""
     env_kwargs = dict(env_kwargs or {})
     if max_turns is not None:
         env_kwargs["max_turns"] = max_turns
     if reply_prefix is not None:
         env_kwargs["reply_prefix"] = reply_prefix
-    return collect_rollouts(*args, env_kwargs=env_kwargs, **kwargs)
+    settings = latest_rollout(**{f.name: kwargs.pop(f.name) for f in fields(RolloutSettings) if f.name in kwargs})
+    return collect_rollouts(*args, settings=settings, env_kwargs=env_kwargs, **kwargs)
 
 
 def rollouts_no_prefix(*args, **kwargs):
@@ -523,8 +528,8 @@ def test_reply_prefix_resolution_and_bad_values(tiny_tokenizer, scripted_engine)
     engine = scripted_engine(tiny_tokenizer, [WIN])
     for bad in (None, 3, "a\x00b"):
         with pytest.raises(ValueError, match="reply_prefix"):
-            collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, sampling=SamplingParams(),
-                             env_kwargs={"reply_prefix": bad})
+            collect_rollouts(engine, tiny_tokenizer, "ragen/Bandit-v0", [0], 1, settings=latest_rollout(),
+                             sampling=SamplingParams(), env_kwargs={"reply_prefix": bad})
 
 
 def test_chat_engine_refuses_an_explicit_reply_prefix():

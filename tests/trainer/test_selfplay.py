@@ -17,11 +17,13 @@ from ragen_trainer.config import load_config
 from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.selfplay import OpponentPool, collect_selfplay_rollouts, learner_seat, selfplay_metrics
 from ragen_trainer.trainer import StarPOTrainer
-from tests.trainer.conftest import ScriptedEngine, build_tiny_model
+from tests.trainer.conftest import ScriptedEngine, build_tiny_model, latest_rollout
 from tests.trainer.test_trainer import params_of, read_metrics
 
 SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=8, seed=0)
 GAME_KWARGS = {"enable_think": False, "reply_prefix": ""}  # the scripted engine writes whole replies
+#: The rollout settings of the games below: the later reference's (only the replies trained), cleaned replies.
+SETTINGS = latest_rollout()
 
 
 def legal_tictactoe_move(prompt: str, call: int, row: int) -> str:
@@ -33,7 +35,7 @@ def legal_tictactoe_move(prompt: str, call: int, row: int) -> str:
 def test_self_games_train_both_seats_grouped_by_state_and_seat(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, legal_tictactoe_move)
     batch = collect_selfplay_rollouts(engine, tiny_tokenizer, "ragen/TicTacToe-v0", [10, 11], 3, ["self", "self"],
-                                      env_kwargs=GAME_KWARGS, sampling=SAMPLING)  # fmt: skip
+                                      settings=SETTINGS, env_kwargs=GAME_KWARGS, sampling=SAMPLING)  # fmt: skip
     assert len(batch) == 2 * 2 * 3  # 2 states x 3 games x 2 seats
     assert sorted(batch.groups()) == [0, 1, 2, 3]
     for group_id, trajs in batch.groups().items():
@@ -52,7 +54,7 @@ def test_fixed_opponent_games_train_only_the_learner_seat_by_seed(tiny_tokenizer
     engine = ScriptedEngine(tiny_tokenizer, legal_tictactoe_move)
     seeds = [20, 21, 22]
     batch = collect_selfplay_rollouts(engine, tiny_tokenizer, "ragen/TicTacToe-v0", seeds, 2,
-                                      ["random", "perfect", "random"], env_kwargs=GAME_KWARGS,
+                                      ["random", "perfect", "random"], settings=SETTINGS, env_kwargs=GAME_KWARGS,
                                       sampling=SAMPLING)  # fmt: skip
     assert len(batch) == 3 * 2
     for traj in batch.trajectories:
@@ -63,14 +65,14 @@ def test_fixed_opponent_games_train_only_the_learner_seat_by_seed(tiny_tokenizer
     assert all(t.infos[-1]["outcome"] in ("draw", "loss") for t in perfect)  # nobody beats the perfect player
     fixed_seat = collect_selfplay_rollouts(engine, tiny_tokenizer, "ragen/TicTacToe-v0", seeds, 1, ["rule"] * 3,
                                            env_kwargs={**GAME_KWARGS, "seat": "second", "opponent": "perfect"},
-                                           sampling=SAMPLING)  # fmt: skip
+                                           settings=SETTINGS, sampling=SAMPLING)  # fmt: skip
     assert {t.tags["seat"] for t in fixed_seat.trajectories} == {1}
 
 
 def test_selfplay_metrics_per_seat_and_opponent(tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, legal_tictactoe_move)
     batch = collect_selfplay_rollouts(engine, tiny_tokenizer, "ragen/TicTacToe-v0", [0, 1, 2, 3], 2,
-                                      ["self", "random", "perfect", "self"], env_kwargs=GAME_KWARGS,
+                                      ["self", "random", "perfect", "self"], settings=SETTINGS, env_kwargs=GAME_KWARGS,
                                       sampling=SAMPLING)  # fmt: skip
     metrics = selfplay_metrics(batch.trajectories)
     for bucket in ("first", "second", "vs_self", "vs_random", "vs_perfect"):
@@ -112,11 +114,11 @@ def small_selfplay_config(tmp_path, **changes):
 
 
 def test_short_selfplay_run_updates_the_policy_and_logs_per_seat_metrics(tmp_path, tiny_tokenizer, monkeypatch):
-    import ragen_trainer.trainer as trainer_module
+    import ragen_trainer.selfplay as selfplay_module
 
     calls = []
-    real = trainer_module.collect_selfplay_rollouts
-    monkeypatch.setattr(trainer_module, "collect_selfplay_rollouts",
+    real = selfplay_module.collect_selfplay_rollouts
+    monkeypatch.setattr(selfplay_module, "collect_selfplay_rollouts",
                         lambda *a, **k: calls.append(a[3]) or real(*a, **k))
     model = build_tiny_model(tiny_tokenizer)
     before = params_of(model)
@@ -134,6 +136,9 @@ def test_short_selfplay_run_updates_the_policy_and_logs_per_seat_metrics(tmp_pat
         assert row["selfplay/first/games"] + row["selfplay/second/games"] > 0
         kinds |= {k.split("/")[1] for k in row if k.startswith("selfplay/vs_")}
         assert "val/success" in row  # validation: the single-agent view against its opponent
+        # the pool reports the snapshot its "past" games faced (taken at step 0 or 1: one every step)
+        assert ("selfplay/past_snapshot_step" in row) == ("selfplay/vs_past/games" in row)
+        assert row.get("selfplay/past_snapshot_step", 0) in (0, 1)
     assert kinds <= {"vs_self", "vs_past", "vs_random"} and len(kinds) >= 2
     changed = [k for k, v in model.state_dict().items() if k in before and not torch.equal(v, before[k])]
     assert changed, "self-play training did not change the weights"

@@ -14,6 +14,7 @@ yaml = pytest.importorskip("yaml")
 
 from ragen_envs.settings import ProtocolSettings
 from ragen_trainer import models
+from ragen_trainer.checkpoints.layout import write_checkpoint_marker
 from ragen_trainer.config import load_config
 from ragen_trainer.model_card import (
     GENERATION_CONFIG_KEY,
@@ -158,7 +159,7 @@ def test_base_model_name_is_the_hub_id_not_the_gguf_or_the_cache_path(tmp_path):
     assert models.base_model_name(str(adapter)) == models.DEFAULT_MODEL
     checkpoint = tmp_path / "final"
     checkpoint.mkdir()
-    models.write_checkpoint_marker(checkpoint, {"model": str(adapter)})
+    write_checkpoint_marker(checkpoint, {"model": str(adapter)})
     assert models.base_model_name(str(checkpoint)) == models.DEFAULT_MODEL  # a run started from a ragen run
     plain = tmp_path / "plain"
     plain.mkdir()

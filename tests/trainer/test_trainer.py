@@ -131,12 +131,12 @@ def test_loss_mask_and_advantages_only_on_model_tokens(tmp_path, tiny_tokenizer)
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon"])
     cfg = small_config(tmp_path, "starpo-s-bilevel", filter_ratio=1.0, max_turns=2, loss_mask="replies")
     trainer = StarPOTrainer(cfg, model, tiny_tokenizer, engine=engine)
-    kept, _ = trainer.filter(trainer.rollout(0)[0])
+    kept, _ = trainer.filter(trainer.rollout(0).trajectories)
     batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
     minis = batch.mini_batches(cfg.ppo_mini_batch_size)
     assert minis == [[0, 1, 2, 3]]  # 4 kept trajectories, mini-batches of 32
     micro = micro_batches(batch, minis[0], micro_batch_size=cfg.micro_batch_size, rank=0, world=1,
-                          agg_mode=cfg.loss_agg_mode)
+                          agg_mode=cfg.loss_agg_mode, micro_size=cfg.loss_agg_micro_size)
     assert len(micro) == 2  # micro-batches of 2
     eos = tiny_tokenizer.eos_token_id
     for mb in micro:
@@ -162,7 +162,7 @@ def test_after_system_mask_trains_the_environment_text_too(tmp_path, tiny_tokeni
     cfg = small_config(tmp_path, "starpo-s", filter_ratio=1.0, max_turns=2)
     assert cfg.loss_mask == "after_system"
     trainer = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
-    kept, _ = trainer.filter(trainer.rollout(0)[0])
+    kept, _ = trainer.filter(trainer.rollout(0).trajectories)
     batch, _ = trainer.compute_advantages(kept, trainer.score(kept))
     micro = micro_batches(batch, batch.mini_batches(cfg.ppo_mini_batch_size)[0], micro_batch_size=cfg.micro_batch_size,
                           rank=0, world=1, agg_mode=cfg.loss_agg_mode, micro_size=cfg.loss_agg_micro_size)
@@ -322,26 +322,3 @@ def test_gradient_checkpointing_is_on_by_default_and_gives_the_same_update(tmp_p
         updated[checkpointing] = params_of(model)
     for name, value in updated[True].items():
         torch.testing.assert_close(value, updated[False][name], rtol=1e-4, atol=1e-6, msg=name)
-
-
-def test_policy_forward_selected_logits_match_full_logits_and_copy_is_independent(tiny_tokenizer):
-    from ragen_trainer.critic import attach_critic, policy_copy
-
-    model = build_tiny_model(tiny_tokenizer).eval()
-    ids = torch.randint(0, len(tiny_tokenizer), (2, 7))
-    full = model(input_ids=ids).logits
-    attach_critic(model, "value_head")
-    mask = torch.zeros(2, 7, dtype=torch.bool)
-    mask[0, 2:5] = True
-    mask[1, 6] = True
-    out = model(input_ids=ids, logits_mask=mask, return_values=True)
-    assert out["selected_logits"].shape == (4, len(tiny_tokenizer))
-    assert torch.allclose(out["selected_logits"], full[mask], atol=1e-5)
-    assert out["critic_values"].shape == (2, 7) and torch.all(out["critic_values"] == 0)  # zero-initialised head
-    ref = policy_copy(model)
-    assert get_critic(ref) is None
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    # the copy runs its own weights (not the patched original's)
-    assert torch.allclose(ref(input_ids=ids).logits, full, atol=1e-5)

@@ -36,7 +36,8 @@ class RecordingTrainer(StarPOTrainer):
 
     def update(self, batch: TrainingBatch, members, stats, timings):
         rows = [i for micro in micro_batches(batch, members, micro_batch_size=self.cfg.micro_batch_size, rank=0,
-                                             world=1, agg_mode=self.cfg.loss_agg_mode)
+                                             world=1, agg_mode=self.cfg.loss_agg_mode,
+                                             micro_size=self.cfg.loss_agg_micro_size)
                 for i in micro["rows"] if micro["mask"].sum() > 0]
         self.trained[-1].update(id(batch.kept[i]) for i in rows)
         self.trained_rows = getattr(self, "trained_rows", 0) + len(rows)
@@ -89,7 +90,8 @@ def test_micro_batches_cover_a_mini_batch_and_keep_processes_in_step():
     seen = []
     counts = set()
     for rank in range(4):
-        micros = micro_batches(batch, list(range(7)), micro_batch_size=1, rank=rank, world=4, agg_mode="token-mean")
+        micros = micro_batches(batch, list(range(7)), micro_batch_size=1, rank=rank, world=4, agg_mode="token-mean",
+                               micro_size=1)
         counts.add(len(micros))
         seen += [i for m in micros if m["mask"].sum() > 0 for i in m["rows"]]
     assert counts == {2} and sorted(seen) == list(range(7))

@@ -33,6 +33,7 @@ from ragen_trainer import trl_integration as ti
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.filtering import filter_groups
 from ragen_trainer.rollout import collect_rollouts
+from tests.trainer.conftest import latest_rollout
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -42,6 +43,8 @@ BANDIT = "ragen/Bandit-v0"
 #: Scripted FrozenLake replies: the text the model writes after the generation prefix "<think>".
 REPLIES = ["left first</think><answer>Left</answer>", "then down</think><answer>Down || Right</answer>",
            "up</think><answer>Up</answer>"]  # fmt: skip
+#: TRL's way of training (the sampled ids with their log-probs, only the replies trained), as these tests play it.
+SAMPLED = latest_rollout(reply_tokens="sampled")
 
 
 def _grpo_config(tmp_path: Path, **changes: Any) -> Any:
@@ -93,7 +96,7 @@ def test_dataset_rows_are_ragens_first_prompts(tiny_tokenizer, scripted_engine):
 
     # ragen's own rollouts (episode driver + TokenAgent) from the same seeds: the same first chat, the same ids.
     ragen = collect_rollouts(scripted_engine(tiny_tokenizer, REPLIES[:1]), tiny_tokenizer, FROZEN, seeds, 1,
-                             sampling=SamplingParams(max_new_tokens=16), reply_tokens="sampled")  # fmt: skip
+                             settings=SAMPLED, sampling=SamplingParams(max_new_tokens=16))  # fmt: skip
     for row, traj in zip(ds, ragen.trajectories):
         n = len(row["prompt"])
         assert [m["role"] for m in row["prompt"]] == ["system", "user"]
@@ -175,10 +178,10 @@ def test_rollout_func_plays_ragens_episodes_with_env_mask(tiny_tokenizer, script
     specs = [ti.EpisodeSpec.from_row(row) for row in ds for _ in range(group)]
     prompts = [row["prompt"] for row in ds for _ in range(group)]
     sampling = SamplingParams(max_new_tokens=32, seed=0)
-    out = ti.RagenRollout().rollout(specs, scripted_engine(tiny_tokenizer, REPLIES), tiny_tokenizer, sampling,
+    out = ti.RagenRollout(SAMPLED).rollout(specs, scripted_engine(tiny_tokenizer, REPLIES), tiny_tokenizer, sampling,
                                     prompts)  # fmt: skip
     ragen = collect_rollouts(scripted_engine(tiny_tokenizer, REPLIES), tiny_tokenizer, FROZEN, seeds, group,
-                             env_kwargs=specs[0].make_kwargs(), sampling=sampling, reply_tokens="sampled")  # fmt: skip
+                             env_kwargs=specs[0].make_kwargs(), sampling=sampling, settings=SAMPLED)  # fmt: skip
 
     assert {"prompt_ids", "completion_ids", "logprobs", "env_mask", ti.RETURN_FIELD, ti.SUCCESS_FIELD,
             ti.FORMAT_FIELD, ti.TURNS_FIELD} == set(out)  # fmt: skip
@@ -207,7 +210,7 @@ def test_rollout_func_plays_ragens_episodes_with_env_mask(tiny_tokenizer, script
         accelerator=SimpleNamespace(unwrap_model=lambda model: model, process_index=0), args=SimpleNamespace(seed=0),
         state=SimpleNamespace(global_step=0), temperature=1.0, top_p=1.0, top_k=0, max_completion_length=32,
     )  # fmt: skip
-    rollout = ti.RagenRollout(engine=scripted_engine(tiny_tokenizer, REPLIES))
+    rollout = ti.RagenRollout(SAMPLED, engine=scripted_engine(tiny_tokenizer, REPLIES))
     called = rollout(prompts, trainer)
     assert called["completion_ids"] == out["completion_ids"] and called["env_mask"] == out["env_mask"]
     with pytest.raises(ValueError, match="none of the trainer's datasets"):
@@ -218,7 +221,7 @@ def test_rollout_func_plays_ragens_episodes_with_env_mask(tiny_tokenizer, script
         rollout([ds[1]["prompt"]], trainer)
     trainer.use_vllm, trainer.current_inputs = True, None
     with pytest.raises(ValueError, match="use_vllm"):
-        ti.RagenRollout()(prompts, trainer)
+        ti.RagenRollout(SAMPLED)(prompts, trainer)
 
 
 def test_rollout_func_inside_grpo_trainer_trains_on_reply_tokens(tiny_model, tiny_tokenizer, scripted_engine, tmp_path):
@@ -236,7 +239,7 @@ def test_rollout_func_inside_grpo_trainer_trains_on_reply_tokens(tiny_model, tin
             self.out = super().rollout(*args, **kwargs)
             return self.out
 
-    rollout = Capturing(engine=scripted_engine(tiny_tokenizer, script))
+    rollout = Capturing(SAMPLED, engine=scripted_engine(tiny_tokenizer, script))
     trainer = ti.RagenGRPOTrainer(
         model=tiny_model, reward_funcs=[ti.env_reward, ti.env_format], processing_class=tiny_tokenizer,
         args=_grpo_config(tmp_path, per_device_train_batch_size=2, max_completion_length=64, reward_weights=[1.0, 0.0]),

@@ -16,6 +16,7 @@ from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.vllm import VLLMEngine
 from ragen_trainer.rollout import collect_rollouts
+from tests.trainer.conftest import latest_rollout
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +30,11 @@ def vllm_engine(tiny_model_dir, tiny_tokenizer):
 
 def test_vllm_rollouts_play_through_the_driver_with_stop_strings(vllm_engine, tiny_tokenizer):
     sampling = SamplingParams(temperature=1.0, max_new_tokens=24, seed=3)
-    batch = collect_rollouts(vllm_engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 3, sampling=sampling)
-    again = collect_rollouts(vllm_engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 3, sampling=sampling)
+    settings = latest_rollout()
+    batch = collect_rollouts(vllm_engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 3, settings=settings,
+                             sampling=sampling)  # fmt: skip
+    again = collect_rollouts(vllm_engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 3, settings=settings,
+                             sampling=sampling)  # fmt: skip
     assert [t.input_ids for t in batch.trajectories] == [t.input_ids for t in again.trajectories]  # seeded
     for traj in batch.trajectories:
         assert traj.turn_spans and len(traj.old_logprobs) == len(traj.input_ids)
@@ -41,6 +45,7 @@ def test_vllm_rollouts_play_through_the_driver_with_stop_strings(vllm_engine, ti
 def test_vllm_greedy_rollouts_match_the_hf_engine(vllm_engine, tiny_model, tiny_tokenizer):
     greedy = SamplingParams(temperature=0, max_new_tokens=12)
     hf = collect_rollouts(HFEngine(tiny_model, tiny_tokenizer), tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2,
-                          sampling=greedy)  # fmt: skip
-    vllm = collect_rollouts(vllm_engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, sampling=greedy)
+                          settings=latest_rollout(), sampling=greedy)  # fmt: skip
+    vllm = collect_rollouts(vllm_engine, tiny_tokenizer, "ragen/Bandit-v0", [0, 1], 2, settings=latest_rollout(),
+                            sampling=greedy)  # fmt: skip
     assert [t.input_ids for t in vllm.trajectories] == [t.input_ids for t in hf.trajectories]

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams  # noqa: E402
 from ragen_trainer.engines.hf import HFEngine  # noqa: E402
 from ragen_trainer.engines.vllm import VLLMEngine  # noqa: E402
@@ -18,6 +19,10 @@ from ragen_trainer.rollout import collect_rollouts  # noqa: E402
 from tests.vllm.conftest import LOGPROB_TOLERANCE, transformers_logprobs  # noqa: E402
 
 TWO_TURNS = {"protocol": {"max_turns": 2}}  # multi-turn (prefix cache, seeded later turns), and short
+#: The rollout settings compared here: the later reference's (only the replies trained), cleaned replies; SAMPLED keeps
+#: the sampled ids with their log-probs.
+LATEST = load_config("starpo-s").replace(reference="latest").rollout_settings()
+SAMPLED = load_config("starpo-s").replace(reference="latest", reply_tokens="sampled").rollout_settings()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +62,7 @@ def test_logprobs_after_a_push_agree_with_the_trainers_recomputation(engine, smo
 
     def rollouts():
         return collect_rollouts(engine, tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
-                                reply_tokens="sampled", env_kwargs=TWO_TURNS).trajectories  # fmt: skip
+                                settings=SAMPLED, env_kwargs=TWO_TURNS).trajectories  # fmt: skip
 
     engine.update_weights(base)
     before = rollouts()
@@ -77,7 +82,7 @@ def test_logprobs_after_a_push_agree_with_the_trainers_recomputation(engine, smo
 def test_logprobs_are_taken_at_the_sampling_temperature(engine, smollm2):
     base, tokenizer = smollm2
     engine.update_weights(base)
-    trajs = collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0, 1], 2, reply_tokens="sampled",
+    trajs = collect_rollouts(engine, tokenizer, "ragen/Bandit-v0", [0, 1], 2, settings=SAMPLED,
                              sampling=SamplingParams(temperature=0.5, max_new_tokens=16, seed=1)).trajectories  # fmt: skip
     assert _max_logprob_gap(base, trajs, 0.5) < LOGPROB_TOLERANCE
 
@@ -90,8 +95,10 @@ def test_rollouts_match_the_hf_engine_greedy(engine, smollm2):
     greedy = SamplingParams(temperature=0, max_new_tokens=32)
     hf = HFEngine(base, tokenizer)
     for env_id in ("ragen/Bandit-v0", "ragen/FrozenLake-v0"):
-        ours = collect_rollouts(engine, tokenizer, env_id, [0, 1], 1, sampling=greedy, env_kwargs=TWO_TURNS)
-        theirs = collect_rollouts(hf, tokenizer, env_id, [0, 1], 1, sampling=greedy, env_kwargs=TWO_TURNS)
+        ours = collect_rollouts(engine, tokenizer, env_id, [0, 1], 1, settings=LATEST, sampling=greedy,
+                                env_kwargs=TWO_TURNS)  # fmt: skip
+        theirs = collect_rollouts(hf, tokenizer, env_id, [0, 1], 1, settings=LATEST, sampling=greedy,
+                                  env_kwargs=TWO_TURNS)  # fmt: skip
         ours, theirs = ours.trajectories, theirs.trajectories
         assert [t.input_ids for t in ours] == [t.input_ids for t in theirs]
         assert [t.replies for t in ours] == [t.replies for t in theirs]

@@ -21,12 +21,15 @@ import pytest
 pytest.importorskip("vllm")
 torch = pytest.importorskip("torch")
 
+from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams  # noqa: E402
 from ragen_trainer.engines.vllm import VLLMEngine  # noqa: E402
 from ragen_trainer.rollout import collect_rollouts  # noqa: E402
 from tests.vllm.conftest import LOGPROB_TOLERANCE, free_port, transformers_logprobs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The sampled ids with their log-probs, only the replies trained: what the log-prob comparisons need.
+SAMPLED = load_config("starpo-s").replace(reference="latest", reply_tokens="sampled").rollout_settings()
 
 
 def start_server(model_dir: str, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -97,7 +100,7 @@ def test_weights_reloaded_by_the_server_give_the_policys_logprobs(server, smollm
 
     def rollouts():
         return collect_rollouts(engine, tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
-                                reply_tokens="sampled", env_kwargs={"protocol": {"max_turns": 2}}).trajectories
+                                settings=SAMPLED, env_kwargs={"protocol": {"max_turns": 2}}).trajectories
 
     before = rollouts()
     assert _max_logprob_gap(base, before) < LOGPROB_TOLERANCE

@@ -1,19 +1,26 @@
-"""Everything :class:`~ragen_trainer.engines.hf.HFEngine` asks of ``transformers``, in one place.
+"""Everything ragen asks of ``transformers`` beyond its model classes, in one place.
 
-The engine runs the model with its own attention function and its own cache; these are the points where it meets
-``transformers``, each through the public API:
+Three parts of ragen run a model in ways ``transformers`` offers no ready-made call for, and each meets it here:
 
-* the attention function is registered with ``AttentionInterface.register`` and switched on and off with
-  ``PreTrainedModel.set_attn_implementation`` (the model's layers then call it in place of their own);
-* the cache handed to the model is a public ``Cache`` built from layers that subclass the public ``CacheLayerMixin``;
-* support is read from ``PreTrainedModel.is_backend_compatible()`` (the model calls the attention interface) and the
-  config's ``layer_types``; the cache keyword from the signature of the model's ``forward``.
+* :class:`~ragen_trainer.engines.hf.HFEngine` runs the model with its own attention function and its own cache: the
+  attention function is registered with ``AttentionInterface.register`` and switched on and off with
+  ``PreTrainedModel.set_attn_implementation`` (the model's layers then call it in place of their own); the cache
+  handed to the model is a public ``Cache`` built from layers that subclass the public ``CacheLayerMixin``; support is
+  read from ``PreTrainedModel.is_backend_compatible()`` (the model calls the attention interface) and the config's
+  ``layer_types``; the cache keyword from the signature of the model's ``forward``.
+* the trainer's packed micro-batches (:mod:`ragen_trainer.packing`) register a second attention function, with the
+  masks ``transformers`` builds for SDPA (``AttentionMaskInterface``, ``sdpa_mask``) and ``transformers``' own SDPA
+  attention (``sdpa_attention_forward``) for calls without a packed layout;
+* the policy's log-probs and values (:class:`ragen_trainer.critic.PolicyWithCritic`) start from the last hidden state
+  of the model's own ``forward`` with its LM head on no position (``logits_to_keep``): :func:`last_hidden_state`.
 
-One thing has no public form: *reading* which attention implementation a model uses (to restore it afterwards;
-``set_attn_implementation`` only writes). :func:`attention_implementation` reads ``config._attn_implementation``, the
-attribute ``set_attn_implementation`` writes and the model's layers read. ``tests/trainer/test_hf_transformers_api.py``
-pins every behaviour this module relies on, and ``scripts/check_lower_bounds.sh`` runs it on the lowest supported
-``transformers`` as well as the installed one.
+Two things have no public form: *reading* which attention implementation a model uses (to restore it afterwards;
+``set_attn_implementation`` only writes), which :func:`attention_implementation` reads from
+``config._attn_implementation``, the attribute ``set_attn_implementation`` writes and the model's layers read; and the
+two functions of ``transformers``' sub-modules the packed attention builds on (``sdpa_mask``,
+``sdpa_attention_forward``). ``tests/trainer/test_hf_transformers_api.py`` pins every behaviour this module relies
+on, and ``scripts/check_lower_bounds.sh`` runs it on the lowest supported ``transformers`` as well as the installed
+one.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from transformers import AttentionInterface, Cache, CacheLayerMixin
+import torch
+from transformers import AttentionInterface, AttentionMaskInterface, Cache, CacheLayerMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
-#: The name ragen's attention function is registered under.
+#: The name HFEngine's attention function is registered under (the default of :func:`register_attention`).
 ATTENTION_NAME = "ragen"
 
 
@@ -72,13 +82,17 @@ def attention_shape(model: Any) -> tuple[int, int, int]:
     return heads, dim, config.num_hidden_layers
 
 
-def register_attention(function: Callable[..., Any]) -> None:
-    """Make ``function`` the attention implementation named :data:`ATTENTION_NAME` (idempotent).
+def register_attention(function: Callable[..., Any], name: str = ATTENTION_NAME, *, sdpa_masks: bool = False) -> None:
+    """Make ``function`` the attention implementation named ``name`` (idempotent).
 
     ``transformers`` calls it as ``function(module, query, key, value, attention_mask, scaling=..., dropout=...,
     **kwargs)`` with ``query`` / ``key`` / ``value`` ``[batch, heads, tokens, dim]`` and expects
-    ``(output [batch, tokens, heads, dim], attention weights or None)``."""
-    AttentionInterface.register(ATTENTION_NAME, function)
+    ``(output [batch, tokens, heads, dim], attention weights or None)``. With ``sdpa_masks`` the model builds the
+    ``attention_mask`` it passes as it would for SDPA (so the function can hand unusual calls to
+    :func:`sdpa_attention_forward`); without, ``transformers``' default for a name it does not know."""
+    AttentionInterface.register(name, function)
+    if sdpa_masks:
+        AttentionMaskInterface.register(name, sdpa_mask)
 
 
 def attention_implementation(model: Any) -> str | None:
@@ -103,6 +117,26 @@ def set_attention_implementation(model: Any, name: str | None) -> None:
         )
 
 
+def last_hidden_state(model: Any, decoder: torch.nn.Module, inputs: dict[str, Any]) -> torch.Tensor:
+    """The last hidden state ``[batch, tokens, hidden]`` of a causal LM on ``inputs`` (after the final norm: what its
+    LM head reads), from one ordinary call of ``model`` -- the causal LM itself, or DDP / DeepSpeed's engine around
+    it, which need that call (DDP to all-reduce the gradients in the backward pass, ZeRO-3 to gather the weights).
+
+    The model's own LM head runs on no position (``logits_to_keep``, an empty index), and the hidden state is caught
+    on its way out of ``decoder`` (the model's transformer, ``get_decoder()``) by a forward hook; asking for it with
+    ``output_hidden_states`` would keep every layer's hidden state until the call returns."""
+    caught: list[torch.Tensor] = []
+    # registered after DeepSpeed's hooks, so it catches the output the model goes on with (ZeRO-3 wraps a module's
+    # outputs to gather its weights again in the backward pass)
+    hook = decoder.register_forward_hook(lambda module, args, output: caught.append(output.last_hidden_state))
+    try:
+        no_position = torch.empty(0, dtype=torch.long, device=inputs["input_ids"].device)
+        model(**inputs, use_cache=False, logits_to_keep=no_position)
+    finally:
+        hook.remove()
+    return caught[0]
+
+
 class CacheLayer(CacheLayerMixin):
     """A layer of a cache that HFEngine keeps itself: its storage exists before the pass (nothing to initialise
     lazily), it holds the whole sequence (no sliding window) and has no fixed length. Subclasses implement
@@ -125,3 +159,20 @@ class CacheLayer(CacheLayerMixin):
 def cache_of(layers: list[CacheLayer]) -> Any:
     """A ``transformers`` cache made of ``layers`` (one per model layer), to pass to the model's forward."""
     return Cache(layers=layers)
+
+
+__all__ = [
+    "ATTENTION_NAME",
+    "CacheLayer",
+    "attention_implementation",
+    "attention_shape",
+    "base_model",
+    "cache_keyword",
+    "cache_of",
+    "check_supported",
+    "last_hidden_state",
+    "register_attention",
+    "sdpa_attention_forward",
+    "set_attention_implementation",
+    "text_config",
+]

@@ -1,4 +1,4 @@
-"""Each setting has one default and one range check, and nothing is replaced silently (issue 27.2)."""
+"""Each setting has one default and one range check, and nothing is replaced silently."""
 
 from __future__ import annotations
 
