@@ -791,6 +791,30 @@ def presets_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def config_fields_table() -> str:
+    """Every field of :class:`StarPOConfig` by :data:`CONFIG_GROUPS`, with its default (the paper's runs; today's
+    reference code where it differs) and its choices, as a Markdown table (``docs/training.md`` holds it; a test checks
+    that it is current). Each field's meaning is its help text: ``ragen-trainer train --help``."""
+    paper, latest = StarPOConfig(), preset("starpo-s", "latest")
+
+    def shown(value: Any) -> str:
+        return "(unset)" if value is None or value == "" else str(value).replace("|", "/")
+
+    lines = ["| group | field (default; `latest` where it differs; the choices) |", "|---|---|"]
+    for group, names in CONFIG_GROUPS.items():
+        parts = []
+        for name in names:
+            default, now = getattr(paper, name), getattr(latest, name)
+            text = f"`{name}` ({shown(default)}"
+            if name not in ("reference", "output_dir") and now != default:
+                text += f"; latest {shown(now)}"
+            if name in CHOICES:
+                text += f"; {' / '.join(map(str, CHOICES[name]))}"
+            parts.append(text + ")")
+        lines.append(f"| {group} | {', '.join(parts)} |")
+    return "\n".join(lines) + "\n"
+
+
 def preset(name: str, reference: str = "paper") -> StarPOConfig:
     """The config of a named preset (see :data:`PRESETS`) as ``reference`` (``paper`` or ``latest``) trains it."""
     changes = preset_changes(name, reference)

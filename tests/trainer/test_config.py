@@ -12,6 +12,7 @@ from ragen_trainer.config import (
     PRESETS,
     StarPOConfig,
     apply_overrides,
+    config_fields_table,
     load_config,
     parse_overrides,
     preset,
@@ -278,3 +279,12 @@ def test_protocol_given_as_text_on_a_command_line_is_parsed(args):
     """`--protocol '{max_turns: 2}'` was refused as not a mapping: the text was never parsed."""
     cfg = apply_overrides(load_config("starpo-s"), {"protocol": args[1].split("=", 1)[-1]})
     assert cfg.protocol == {"max_turns": 2}
+
+
+def test_docs_field_table_is_current():
+    """docs/training.md's field table is config_fields_table(): every field once, under its --help group."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text(encoding="utf-8")
+    table = config_fields_table()
+    assert table in text, "docs/training.md's field table is stale: paste config_fields_table() into it"
+    assert all(f"`{f.name}` (" in table for f in fields(StarPOConfig))
+    assert "`clip_ratio_c` (0.0; latest 3.0)" in table
