@@ -107,6 +107,7 @@ from ragen_envs.protocol import find_protocol
 from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.engines.hf_generate import left_pad
 from ragen_trainer.engines.vllm import VLLMEngine, vllm_on_cpu
 from ragen_trainer.models import load_model_and_tokenizer, load_tokenizer, resolve_model_source
 from ragen_trainer.rollout import ChatTokens, collect_rollouts
@@ -296,12 +297,7 @@ class Worker:
         if self.path == "generate":
             pad = self.tokenizer.pad_token_id
             pad = pad if pad is not None else self.tokenizer.eos_token_id
-            width = max(len(p) for p in prompts)
-            ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, prompt in enumerate(prompts):
-                ids[row, width - len(prompt) :] = torch.tensor(prompt)
-                mask[row, width - len(prompt) :] = 1
+            ids, mask = left_pad(prompts, pad)
             ids, mask = ids.to(self.device), mask.to(self.device)
             torch.manual_seed(seed)
             self._sync()
@@ -311,7 +307,7 @@ class Worker:
                                           top_p=1.0, top_k=0, max_new_tokens=tokens, min_new_tokens=tokens,
                                           pad_token_id=pad)  # fmt: skip
             self._sync()
-            return int(out.shape[0] * (out.shape[1] - width)), time.perf_counter() - t0
+            return int(out.shape[0] * (out.shape[1] - ids.shape[1])), time.perf_counter() - t0
         if self.path in HF_OPTIONS:
 
             engine: Any = HFEngine(self.model, self.tokenizer, batch_size=len(prompts),

@@ -50,7 +50,7 @@ from typing import Any
 from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
-from ragen_trainer.engines.hf_generate import GenerateEngine
+from ragen_trainer.engines.hf_generate import GenerateEngine, left_pad
 from ragen_trainer.engines.vllm import VLLMEngine
 from ragen_trainer.models import load_model_and_tokenizer
 from ragen_trainer.rollout import collect_rollouts
@@ -92,13 +92,7 @@ def _plain_generate(model: Any, tokenizer: Any, prompts: list[list[int]], tokens
     started = time.perf_counter()
     with torch.inference_mode():
         for start in range(0, len(prompts), batch_size):
-            chunk = prompts[start : start + batch_size]
-            width = max(len(p) for p in chunk)
-            ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for row, prompt in enumerate(chunk):
-                ids[row, width - len(prompt) :] = torch.tensor(prompt)
-                mask[row, width - len(prompt) :] = 1
+            ids, mask = left_pad(prompts[start : start + batch_size], pad)
             model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                            max_new_tokens=per_row, min_new_tokens=per_row, pad_token_id=pad)  # fmt: skip
     seconds = time.perf_counter() - started

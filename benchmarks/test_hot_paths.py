@@ -62,6 +62,7 @@ from ragen_trainer.config import load_config
 from ragen_trainer.critic import PolicyWithCritic, attach_critic
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.engines.hf_generate import left_pad
 from ragen_trainer.packing import pack, use_packed_attention
 from ragen_trainer.rollout import collect_rollouts
 from ragen_trainer.update import action_mask, token_logprobs
@@ -244,12 +245,7 @@ def test_decode_replies(benchmark, tokenizer):
         prompts += [list(tokenizer(text, add_special_tokens=False)["input_ids"])] * 2
     params = SamplingParams(temperature=1.0, max_new_tokens=32, seed=0)
     engine = HFEngine(model, tokenizer, batch_size=16)
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):  # left padding, as generate wants
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
+    ids, attn = left_pad(prompts, tokenizer.pad_token_id)
 
     @torch.no_grad()
     def ragen():

@@ -71,6 +71,20 @@ class _SampledLogprobs:
         return torch.stack(self.collected[:steps], dim=1)
 
 
+def left_pad(prompts: list[list[int]], pad_token_id: int) -> tuple[Any, Any]:
+    """``(input_ids, attention_mask)`` of ``prompts`` padded on the left, as ``generate`` wants them: every prompt
+    ends at the same position (int64 tensors on the CPU)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt) :] = 1
+    return ids, mask
+
+
 class GenerateEngine(ModelEngine):
     """Sample replies with ``model.generate``.
 
@@ -145,15 +159,10 @@ class GenerateEngine(ModelEngine):
             return torch.device("cpu")
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        import torch
         from transformers import GenerationConfig, LogitsProcessorList
 
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):  # left padding: every prompt ends at the same position
-            ids[row, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
-            mask[row, width - len(prompt) :] = 1
+        ids, mask = left_pad(prompts, self.pad_token_id)
+        width = ids.shape[1]
         device = self._device()
         ids, mask = ids.to(device), mask.to(device)
 
