@@ -24,6 +24,7 @@ from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.hf_generate import GenerateEngine
 from ragen_trainer.rollout import collect_rollouts
 from tests.trainer.conftest import build_tiny_model, latest_rollout
+from tests.trainer.test_hf_engine_cache import multi_turn_episodes
 
 GREEDY = SamplingParams(temperature=0, max_new_tokens=12)
 #: The rollout settings of these engine comparisons (only the replies trained, cleaned replies).
@@ -75,13 +76,7 @@ def test_greedy_rollouts_match_model_generate_on_the_device(device_model, tiny_t
 
 
 def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(device_model, tiny_tokenizer):
-    engine = HFEngine(device_model, tiny_tokenizer, batch_size=8)
-    sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
-    batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
-                             env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}},
-                             settings=latest_rollout(reply_tokens="sampled"))  # fmt: skip
-    multi_turn = [t for t in batch.trajectories if len(t.turn_spans) > 1]
-    assert multi_turn, "the tiny model's replies should not end every episode in one turn"
+    engine, multi_turn = multi_turn_episodes(device_model, tiny_tokenizer)
     assert engine.stats["reused_tokens"] > 0
     for traj in multi_turn:
         full = _teacher_forced(device_model, traj.input_ids)

@@ -61,16 +61,22 @@ def test_greedy_rollouts_are_token_identical_to_model_generate(tiny_model, tiny_
     assert engine.stats["reused_tokens"] > 0  # the group's shared prompt at least
 
 
-def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(tiny_model, tiny_tokenizer):
-    engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8)
+def multi_turn_episodes(model, tokenizer) -> tuple[HFEngine, list]:
+    """Four-turn FrozenLake episodes sampled by ``HFEngine`` on ``model``: the engine and the episodes of more than
+    one turn (each reusing its parked cache). The sampled ids are kept (the default re-tokenises cleaned replies: no
+    sampling log-probs, and a reply whose re-tokenisation differs from the sample cannot reuse the parked cache)."""
+    engine = HFEngine(model, tokenizer, batch_size=8)
     sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
-    # The sampled ids are kept (the default re-tokenises cleaned replies: no sampling log-probs, and a reply whose
-    # re-tokenisation differs from the sample cannot reuse the parked cache).
-    batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
+    batch = collect_rollouts(engine, tokenizer, "ragen/FrozenLake-v0", [0, 1], 2, sampling=sampling,
                              env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}},
                              settings=latest_rollout(reply_tokens="sampled"))  # fmt: skip
     multi_turn = [t for t in batch.trajectories if len(t.turn_spans) > 1]
     assert multi_turn, "the tiny model's replies should not end every episode in one turn"
+    return engine, multi_turn
+
+
+def test_cache_reuse_across_turns_gives_the_log_probs_of_a_full_re_encode(tiny_model, tiny_tokenizer):
+    engine, multi_turn = multi_turn_episodes(tiny_model, tiny_tokenizer)
     # Turns after the first re-encoded only the env's delta: most of every later prompt came from the parked cache.
     later_prompt_tokens = sum(t.turn_spans[k][0] for t in multi_turn for k in range(1, len(t.turn_spans)))
     assert engine.stats["reused_tokens"] >= later_prompt_tokens * 0.5
