@@ -47,13 +47,18 @@ TRAIN_FIELDS: dict[str, str] = {
     "micro_batch_size": "8", "total_steps": str(STEPS), "val_groups": str(VAL_GROUPS),
     "save_steps": "5", "save_total_limit": "1",
 }
-#: Variants of the search (``--variant``), each a change to :data:`TRAIN_FIELDS`, trained into
-#: ``<out>/<env>-<variant>/seed<N>``: ``base`` is the configuration above; ``keep1`` keeps every group (no variance
-#: filter: one update on all 32 trajectories a step instead of on the 8 kept), the largest change in how much signal a step
-#: carries at the same learning rate.
-VARIANTS: dict[str, dict[str, str]] = {"base": {}, "keep1": {"filter_ratio": "1.0"}}
+#: Variants of the search (``--variant``), each a change to :data:`TRAIN_FIELDS` and to :data:`WARMUP_FIELDS`, trained
+#: into ``<out>/<env>-<variant>/seed<N>``: ``base`` is the configuration above; ``keep1`` keeps every group (no variance
+#: filter: one update on all 32 trajectories a step instead of on the 8 kept), the largest change in how much signal a
+#: step carries at the same learning rate; ``mixed`` starts from a warm-up on the ``mixed`` agent's replies (the
+#: oracle's actions at half of the turns, random ones at the others, one thinking sentence for both) instead of the
+#: random agent's: the base warm-up's policy plays one direction in every state (docs/learning.md), and RL cannot sharpen
+#: a state dependence that is not there.
+VARIANTS: dict[str, dict[str, str]] = {"base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}}
 #: The warm-up (docs/reproduction.md's CPU scale).
 WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
+#: Variants' changes to the warm-up; a variant listed here warms up into its own folder.
+WARMUP_VARIANTS: dict[str, dict[str, str]] = {"mixed": {"agent": "mixed", "oracle-share": "0.5", "episodes": "64"}}
 
 
 def run_folder(root: Path, env: str, seed: int, variant: str = "base") -> Path:
@@ -68,9 +73,10 @@ def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -
         env_id, splits = ENVS[env]
         for seed in seeds:
             folder = run_folder(root, env, seed, variant)
-            warm = root / "warmup" / f"{env}-seed{seed}"
+            warm = root / "warmup" / (f"{env}-{variant}-seed{seed}" if variant in WARMUP_VARIANTS else f"{env}-seed{seed}")
+            warmup_fields = {**WARMUP_FIELDS, **WARMUP_VARIANTS.get(variant, {})}
             warmup = [sys.executable, "-m", "ragen_trainer.warmup", "--env", env_id, "--seed", str(seed),
-                      "--out", str(warm)] + [a for k, v in WARMUP_FIELDS.items() for a in (f"--{k}", v)]
+                      "--out", str(warm)] + [a for k, v in warmup_fields.items() for a in (f"--{k}", v)]
             train = ["ragen-trainer", "train", "--config", "starpo-s", "--env", env_id, "--model", str(warm),
                      "--seed", str(seed), "--output_dir", str(folder), "--report_to", "[console, jsonl]",
                      "--val_envs", "[" + ", ".join(splits) + "]"]

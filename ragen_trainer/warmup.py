@@ -46,7 +46,7 @@ from ragen_envs.driver import play_episodes, rollout_jobs
 from ragen_envs.registration import reference_settings
 from ragen_trainer.config import MAX_SEED, StarPOConfig
 from ragen_trainer.critic import chunked_token_logprobs
-from ragen_trainer.evaluation.agents import RandomAgent
+from ragen_trainer.evaluation.agents import MixedAgent, RandomAgent
 from ragen_trainer.fileio import BoundedReadError, apply_umask, atomic_write_json, read_text_bounded
 from ragen_trainer.models import (
     ModelLoadError,
@@ -59,8 +59,12 @@ from ragen_trainer.models import (
 from ragen_trainer.rollout import ChatTokens
 from ragen_trainer.safe_yaml import load_yaml
 
-#: Reference agents whose replies the warm-up imitates.
-WARMUP_AGENTS: tuple[str, ...] = ("random",)
+#: Reference agents whose replies the warm-up imitates: ``random`` (the ``reply-format`` warm-up: the format, actions
+#: no better than chance) and ``mixed`` (:class:`MixedAgent`: the oracle's actions at ``oracle_share`` of the turns,
+#: random ones at the others, so the imitating policy's action leans toward the right one in each state).
+WARMUP_AGENTS: tuple[str, ...] = ("random", "mixed")
+#: The ``mixed`` agent's default share of oracle turns.
+DEFAULT_ORACLE_SHARE = 0.5
 #: Seeds of the warm-up's episodes start here, far from training (``step_seeds``) and validation seeds.
 WARMUP_SEED_BASE = 7_000_000
 #: The record of a warm-up folder: its settings, losses and chat count. Written last: no record, no warm-up.
@@ -74,13 +78,14 @@ MAX_EPOCHS = 10_000
 
 
 def reference_chats(env_id: str, env_kwargs: dict[str, Any], *, episodes: int, agent: str = "random",
-                    seed: int = 0) -> list[list[dict[str, str]]]:
+                    seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE) -> list[list[dict[str, str]]]:
     """The chats of ``episodes`` episodes played by the reference ``agent``: system, user, assistant, ... up to the
     last reply (the final observation, which no model reads, left out)."""
     check_arg(agent in WARMUP_AGENTS, "agent", agent, f"one of {list(WARMUP_AGENTS)}")
     check_arg(isinstance(episodes, int) and episodes >= 1, "episodes", episodes, "an int >= 1")
     jobs = rollout_jobs([WARMUP_SEED_BASE + seed * 100_003 + i for i in range(episodes)], 1)
-    played = play_episodes(env_id, jobs, RandomAgent(seed=seed), env_kwargs=env_kwargs)
+    teacher = RandomAgent(seed=seed) if agent == "random" else MixedAgent(oracle_share, seed=seed)
+    played = play_episodes(env_id, jobs, teacher, env_kwargs=env_kwargs)
     chats = []
     for episode in played:
         last = max((i for i, m in enumerate(episode.messages) if m["role"] == "assistant"), default=-1)
@@ -171,10 +176,14 @@ def supervised_warmup(model: Any, tokenizer: Any, chats: list[list[dict[str, str
 
 def warmup_settings(model_name: str, env_id: str, env_kwargs: dict[str, Any], *, agent: str = "random",
                     episodes: int = 64, epochs: int = 2, lr: float = 1e-4, batch_size: int = 4,
-                    seed: int = 0) -> dict[str, Any]:
-    """Everything a warm-up's weights depend on, as its record holds them (plain JSON data)."""
-    return {"model": model_name, "env_id": env_id, "env_kwargs": _plain(env_kwargs), "agent": agent,
-            "episodes": episodes, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed}  # fmt: skip
+                    seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE) -> dict[str, Any]:
+    """Everything a warm-up's weights depend on, as its record holds them (plain JSON data); ``oracle_share`` only
+    for the ``mixed`` agent (the ``random`` one does not read it)."""
+    settings = {"model": model_name, "env_id": env_id, "env_kwargs": _plain(env_kwargs), "agent": agent,
+                "episodes": episodes, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed}
+    if agent == "mixed":
+        settings["oracle_share"] = float(oracle_share)
+    return settings
 
 
 def settings_key(settings: dict[str, Any]) -> str:
@@ -183,9 +192,12 @@ def settings_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 
-def check_warmup_args(*, agent: str, episodes: int, epochs: int, lr: float, batch_size: int, seed: int) -> None:
+def check_warmup_args(*, agent: str, episodes: int, epochs: int, lr: float, batch_size: int, seed: int,
+                      oracle_share: float = DEFAULT_ORACLE_SHARE) -> None:
     """``ValueError`` naming the first bad setting and what is accepted (nothing is loaded or played)."""
     check_arg(agent in WARMUP_AGENTS, "agent", agent, f"one of {list(WARMUP_AGENTS)}")
+    share_ok = isinstance(oracle_share, (int, float)) and not isinstance(oracle_share, bool)
+    check_arg(share_ok and 0.0 <= oracle_share <= 1.0, "oracle_share", oracle_share, "a number in [0, 1]")
     for name, value, most in (("episodes", episodes, MAX_EPISODES), ("epochs", epochs, MAX_EPOCHS)):
         check_arg(_is_int(value) and 1 <= value <= most, name, value, f"an int in 1..{most:,}")
     check_arg(_finite_positive(lr) and lr <= 1.0, "lr", lr, "a finite number in (0, 1], e.g. 1e-4")
@@ -236,17 +248,19 @@ def warmup_folder_action(out: Path, settings: dict[str, Any]) -> tuple[str, str 
 
 def warmup_model(model_name: str, env_id: str, env_kwargs: dict[str, Any], out_dir: str | Path, *,
                  agent: str = "random", episodes: int = 64, epochs: int = 2, lr: float = 1e-4, batch_size: int = 4,
-                 seed: int = 0, progress: bool = True, activation_checkpointing: bool = True) -> Path:
+                 seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE, progress: bool = True,
+                 activation_checkpointing: bool = True) -> Path:
     """Warm ``model_name`` up on ``agent``'s replies in ``env_id`` and save it (Hugging Face folder, tokenizer and
     ``ragen_warmup.json`` with the settings) to ``out_dir``; a folder whose record holds these settings is reused.
 
     The settings are checked before anything loads (``ValueError`` naming the bad one). The new folder is written
     whole beside ``out_dir`` and renamed into place, the record written last (module docstring): an interrupted
     warm-up leaves ``out_dir`` as it was."""
-    check_warmup_args(agent=agent, episodes=episodes, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed)
+    check_warmup_args(agent=agent, episodes=episodes, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
+                      oracle_share=oracle_share)  # fmt: skip
     out = Path(out_dir)
     settings = warmup_settings(model_name, env_id, env_kwargs, agent=agent, episodes=episodes, epochs=epochs, lr=lr,
-                               batch_size=batch_size, seed=seed)  # fmt: skip
+                               batch_size=batch_size, seed=seed, oracle_share=oracle_share)  # fmt: skip
     action, why = warmup_folder_action(out, settings)
     if action == "reuse":
         return out
@@ -255,7 +269,7 @@ def warmup_model(model_name: str, env_id: str, env_kwargs: dict[str, Any], out_d
     _remove_leftovers(out)
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(model_name)
-    chats = reference_chats(env_id, env_kwargs, episodes=episodes, agent=agent, seed=seed)
+    chats = reference_chats(env_id, env_kwargs, episodes=episodes, agent=agent, seed=seed, oracle_share=oracle_share)
     losses = supervised_warmup(model, tokenizer, chats, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                                progress=progress, activation_checkpointing=activation_checkpointing)
     _install(out, model, tokenizer, {"settings": settings, "losses": losses, "chats": len(chats)})
@@ -336,7 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--env", required=True, help="a registered ragen env id, e.g. ragen/Sokoban-v0")
     parser.add_argument("--protocol", default="{}", help="protocol settings as YAML, e.g. '{enable_think: false}'")
     parser.add_argument("--env-kwargs", default="{}", help="env keyword arguments as YAML")
-    parser.add_argument("--agent", default="random", choices=WARMUP_AGENTS)
+    parser.add_argument("--agent", default="random", choices=WARMUP_AGENTS,
+                        help="whose replies are imitated: random valid actions, or the oracle's at --oracle-share of "
+                             "the turns and random ones at the others (default %(default)s)")
+    parser.add_argument("--oracle-share", type=float, default=DEFAULT_ORACLE_SHARE,
+                        help="the mixed agent's share of oracle turns, in [0, 1] (default %(default)s)")
     parser.add_argument("--episodes", type=int, default=64, help=f"1..{MAX_EPISODES:,} (default %(default)s)")
     parser.add_argument("--epochs", type=int, default=2, help=f"1..{MAX_EPOCHS:,} (default %(default)s)")
     parser.add_argument("--lr", type=float, default=1e-4, help="in (0, 1] (default %(default)s)")
@@ -352,7 +370,7 @@ def check_cli_args(args: argparse.Namespace) -> dict[str, Any]:
     """Every value of the command, checked before any model loads; the env's make kwargs. ``ValueError`` naming
     the bad value and what is accepted."""
     check_warmup_args(agent=args.agent, episodes=args.episodes, epochs=args.epochs, lr=args.lr,
-                      batch_size=args.batch_size, seed=args.seed)  # fmt: skip
+                      batch_size=args.batch_size, seed=args.seed, oracle_share=args.oracle_share)  # fmt: skip
     mappings = {}
     for flag, text in (("--protocol", args.protocol), ("--env-kwargs", args.env_kwargs)):
         value = load_yaml(text, f"invalid argument {flag}={text!r}")
@@ -378,7 +396,7 @@ def check_cli_args(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     warmup_folder_action(out, warmup_settings(args.model, args.env, kwargs, agent=args.agent, episodes=args.episodes,
                                               epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                                              seed=args.seed))  # fmt: skip
+                                              seed=args.seed, oracle_share=args.oracle_share))  # fmt: skip
     try:  # the folder the warm-up is renamed into must exist and take files: found out now, not after training
         out.parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out.parent).close()
@@ -395,12 +413,13 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = check_cli_args(args)
     except ValueError as exc:
         message = str(exc).replace("invalid config field", "invalid argument")
-        for name in ("agent", "episodes", "epochs", "lr", "batch_size", "seed", "model", "out"):  # as the flags
+        for name in ("agent", "episodes", "epochs", "lr", "batch_size", "seed", "oracle_share", "model", "out"):  # as the flags
             message = message.replace(f"invalid argument {name}=", f"invalid argument --{name.replace('_', '-')}=")
         parser.error(message)
     try:
         out = warmup_model(args.model, args.env, kwargs, args.out, agent=args.agent, episodes=args.episodes,
                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
+                           oracle_share=args.oracle_share,
                            activation_checkpointing=args.activation_checkpointing)  # fmt: skip
     except ModelLoadError as exc:
         print(f"{parser.prog}: error: invalid argument --model={args.model!r}: {exc}", file=sys.stderr)

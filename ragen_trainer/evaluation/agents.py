@@ -5,6 +5,7 @@ model does, and writes its replies in the protocol's format ``<think>...</think>
 reference score is measured exactly like a model's, format penalties and action budgets included.
 
 * :class:`RandomAgent` -- the floor: uniformly random valid actions (as many per turn as the protocol allows).
+* :class:`MixedAgent` -- the oracle at a share of the turns, random at the others: a teacher for warm-ups.
 * :class:`OracleAgent` -- the ceiling: reads the true state (``env.unwrapped.state_view()``) and acts with the env's own
   solver: the Bandit's high-risk arm, value iteration for FrozenLake on the known map, the Sokoban solver's plan, the
   Countdown solver, and for WebShop a search for the goal product followed by buying it with the goal's options.
@@ -149,17 +150,20 @@ class RandomAgent(Agent):
 
     def reply(self, ctx: TurnContext) -> AgentReply:
         rng = episode_rng(self.seed, ctx.env_name, ctx.seed, ctx.rollout, ctx.info.get("turn", 0))
-        base = ctx.env.unwrapped
-        names = list(getattr(base, "action_names", ()) or ())
-        n = actions_this_turn(ctx)
-        if names:
-            actions = [names[int(i)] for i in rng.integers(len(names), size=n)]
-        else:
-            make = RANDOM_ACTIONS.get(env_family(ctx.env_id))
-            if make is None:
-                raise ValueError(f"RandomAgent has no random action for env {ctx.env_id} (it lists no action names)")
-            actions = [make(base.state_view(), rng)]
-        return AgentReply(format_reply(ctx, "I pick random actions.", actions))
+        return AgentReply(format_reply(ctx, "I pick random actions.", random_actions(ctx, rng)))
+
+
+def random_actions(ctx: TurnContext, rng: np.random.Generator) -> list[str]:
+    """Uniformly random valid actions, as many as the protocol executes this turn (one free-form action where the
+    env lists no action names)."""
+    base = ctx.env.unwrapped
+    names = list(getattr(base, "action_names", ()) or ())
+    if names:
+        return [names[int(i)] for i in rng.integers(len(names), size=actions_this_turn(ctx))]
+    make = RANDOM_ACTIONS.get(env_family(ctx.env_id))
+    if make is None:
+        raise ValueError(f"RandomAgent has no random action for env {ctx.env_id} (it lists no action names)")
+    return [make(base.state_view(), rng)]
 
 
 # ------------------------------------------------------------------------------------------------------ oracles
@@ -310,6 +314,42 @@ class OracleAgent(Agent):
             raise ValueError(f"OracleAgent has no oracle for env {ctx.env_id}; it knows {sorted(ORACLES)}")
         think, actions = policy(ctx)
         return AgentReply(format_reply(ctx, think, actions))
+
+
+class MixedAgent(Agent):
+    """The oracle's actions at a share of the turns, uniformly random valid ones at the others, under one thinking
+    sentence for both: a teacher whose action depends on the state, but only partly.
+
+    Each turn is the oracle's with probability ``oracle_share`` (drawn from a generator seeded by ``(seed, env name,
+    env seed, rollout, turn)``, so a run is reproducible and independent of batching). The thinking text is the same
+    fixed sentence on every turn, so a model imitating this agent cannot tell the two kinds of turn apart by its own
+    thinking: what it learns is an action distribution that leans toward the oracle's action in each state
+    (``oracle_share`` of the mass plus the uniform rest). The ``mixed`` warm-up (:mod:`ragen_trainer.warmup`) uses it to
+    start RL from a policy that reads the board but is far from solving it.
+    """
+
+    name = "mixed"
+    THINK = "I choose my next actions."
+
+    def __init__(self, oracle_share: float = 0.5, seed: int = 0) -> None:
+        if isinstance(oracle_share, bool) or not isinstance(oracle_share, (int, float)) or not 0.0 <= oracle_share <= 1.0:
+            raise ValueError(f"invalid argument oracle_share={oracle_share!r}: expected a number in [0, 1]")
+        self.oracle_share = float(oracle_share)
+        self.seed = int(seed)
+
+    def identity(self) -> dict[str, Any]:
+        return {"name": self.name, "kind": self.kind, "seed": self.seed, "oracle_share": self.oracle_share}
+
+    def reply(self, ctx: TurnContext) -> AgentReply:
+        rng = episode_rng("mixed", self.seed, ctx.env_name, ctx.seed, ctx.rollout, ctx.info.get("turn", 0))
+        if rng.random() < self.oracle_share:
+            policy = ORACLES.get(env_family(ctx.env_id))
+            if policy is None:
+                raise ValueError(f"MixedAgent has no oracle for env {ctx.env_id}; it knows {sorted(ORACLES)}")
+            actions = policy(ctx)[1]
+        else:
+            actions = random_actions(ctx, rng)
+        return AgentReply(format_reply(ctx, self.THINK, actions))
 
 
 #: Names accepted by ``ragen-trainer eval --agent``.
