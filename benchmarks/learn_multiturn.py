@@ -8,6 +8,7 @@ of each generalisation split (the paper's: Sokoban runs validate SokobanLarge, S
 ``run`` again after an interruption continues each unfinished run from its checkpoint.
 
     python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
+    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, ppo, grpo (VARIANTS)
     python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
     ragen-trainer plot runs/multiturn/frozenlake -o docs/learning/frozenlake.png
 
@@ -53,8 +54,13 @@ TRAIN_FIELDS: dict[str, str] = {
 #: step carries at the same learning rate; ``mixed`` starts from a warm-up on the ``mixed`` agent's replies (the
 #: oracle's actions at half of the turns, random ones at the others, one thinking sentence for both) instead of the
 #: random agent's: the base warm-up's policy plays one direction in every state (docs/learning.md), and RL cannot sharpen
-#: a state dependence that is not there.
-VARIANTS: dict[str, dict[str, str]] = {"base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}}
+#: a state dependence that is not there. ``ppo`` and ``grpo`` are the multi-turn half of the Echo Trap contrast (one
+#: cause at a time, as ``benchmarks/sweep_bandit.py``'s ``algo``): the vanilla presets at the same learning rate, from the
+#: same warm-up, each making one update a step on all 32 trajectories (``keep1`` is StarPO-S's side of it: only the
+#: filter differs between ``keep1`` and ``base``). ``config`` names the preset (``starpo-s`` when absent).
+VARIANTS: dict[str, dict[str, str]] = {
+    "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"},
+}
 #: The warm-up (docs/reproduction.md's CPU scale).
 WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
 #: Variants' changes to the warm-up; a variant listed here warms up into its own folder.
@@ -69,6 +75,7 @@ def run_folder(root: Path, env: str, seed: int, variant: str = "base") -> Path:
 def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -> list[Job]:
     out = []
     fields = {**TRAIN_FIELDS, **VARIANTS[variant]}
+    preset = fields.pop("config", "starpo-s")
     for env in envs:
         env_id, splits = ENVS[env]
         for seed in seeds:
@@ -77,7 +84,7 @@ def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -
             warmup_fields = {**WARMUP_FIELDS, **WARMUP_VARIANTS.get(variant, {})}
             warmup = [sys.executable, "-m", "ragen_trainer.warmup", "--env", env_id, "--seed", str(seed),
                       "--out", str(warm)] + [a for k, v in warmup_fields.items() for a in (f"--{k}", v)]
-            train = ["ragen-trainer", "train", "--config", "starpo-s", "--env", env_id, "--model", str(warm),
+            train = ["ragen-trainer", "train", "--config", preset, "--env", env_id, "--model", str(warm),
                      "--seed", str(seed), "--output_dir", str(folder), "--report_to", "[console, jsonl]",
                      "--val_envs", "[" + ", ".join(splits) + "]"]
             train += [a for k, v in {**fields, "val_every": str(VAL_EVERY[env])}.items() for a in (f"--{k}", v)]
@@ -119,8 +126,12 @@ def validations(folder: Path) -> dict[int, dict[str, float]]:
 
 
 def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants: tuple[str, ...] = ("base",)) -> str:
+    """Every run's validation success at step 0 and at its last validation, per split, with Wilson intervals and the
+    gain's interval; then, per env, variant and split whose seeds all finished :data:`STEPS` steps, the seeds pooled
+    (``3 x 128`` states at each end)."""
     lines = [("| env | variant | seed | split | steps | minutes | success at step 0 (95 % CI) | success at the end "
               "(95 % CI) | gain (95 % CI) |"), "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    pooled: dict[tuple[str, str, str], list[tuple[int, float, float]]] = {}
     for env, variant, seed in itertools.product(envs, variants, seeds):
         folder = run_folder(root, env, seed, variant)
         vals = validations(folder)
@@ -140,8 +151,21 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
             lo_b, hi_b = wilson(b * VAL_GROUPS, VAL_GROUPS)
             g_lo, g_hi = gain_interval(a, b, VAL_GROUPS)
             split = key[len("val/"):-len("success")].strip("/") or env
+            if last == STEPS:
+                pooled.setdefault((env, variant, split), []).append((seed, a, b))
             lines.append(f"| {env} | {variant} | {seed} | {split} | {last} | {minutes:.0f} | {a:.3f} ({lo_a:.2f}-{hi_a:.2f}) "
                          f"| {b:.3f} ({lo_b:.2f}-{hi_b:.2f}) | {b - a:+.3f} ({g_lo:+.2f} to {g_hi:+.2f}) |")
+    for (env, variant, split), runs in pooled.items():
+        if len(runs) < 2 or len(runs) < len(seeds):
+            continue
+        n = VAL_GROUPS * len(runs)
+        a = sum(r[1] for r in runs) / len(runs)
+        b = sum(r[2] for r in runs) / len(runs)
+        lo_a, hi_a = wilson(a * n, n)
+        lo_b, hi_b = wilson(b * n, n)
+        g_lo, g_hi = gain_interval(a, b, n)
+        lines.append(f"| {env} | {variant} | pooled ({len(runs)} seeds) | {split} | {STEPS} | - | {a:.3f} "
+                     f"({lo_a:.2f}-{hi_a:.2f}) | {b:.3f} ({lo_b:.2f}-{hi_b:.2f}) | {b - a:+.3f} ({g_lo:+.2f} to {g_hi:+.2f}) |")
     text = "\n".join(lines) + "\n"
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text(text, encoding="utf-8")

@@ -8,6 +8,11 @@ epochs on those replies (cross-entropy on the replies' tokens only, the chat tem
 so that it answers in the format with actions that are valid but no better than chance. RL then starts from a policy
 whose rollouts differ in outcome.
 
+``--agent mixed`` imitates :class:`~ragen_trainer.evaluation.agents.MixedAgent` instead: the oracle's actions at
+``--oracle-share`` of the turns (0.5 by default) and random valid ones at the others, under one thinking sentence, so
+that the imitating policy's action could lean toward the right one in each state (the random warm-up's plays one
+action in every state: docs/learning.md). Whether it does is measured, not assumed (``benchmarks/oracle_logprob.py``).
+
 It is not part of the paper's method (the paper starts RL from Qwen2.5-0.5B-Instruct, which writes the format
 already). ``benchmarks/reproduce.py`` uses it only at its CPU scale, where it says so; the warm-up's settings are
 recorded beside the model (``ragen_warmup.json``). The random agent's thinking is a fixed sentence, so after the

@@ -111,3 +111,41 @@ def test_an_interrupted_multiturn_run_reports_its_last_validation(tmp_path):
     assert learn_multiturn.validations(folder) == {0: {"val/success": 0.2}, 10: {"val/success": 0.25}}
     table = learn_multiturn.report(tmp_path, ["frozenlake"], [0], tmp_path / "r.md", ("keep1",))
     assert "| frozenlake | keep1 | 0 | frozenlake | 10 |" in table
+
+
+def test_the_mixed_variant_warms_up_on_the_mixed_agent_into_its_own_folder(tmp_path):
+    base, mixed = (learn_multiturn.jobs(tmp_path, ["frozenlake"], [2], v)[0] for v in ("base", "mixed"))
+    warm = mixed.commands[0]
+    assert warm[warm.index("--agent") + 1] == "mixed" and warm[warm.index("--oracle-share") + 1] == "0.5"
+    assert warm[warm.index("--out") + 1] == str(tmp_path / "warmup" / "frozenlake-mixed-seed2")
+    train = mixed.commands[1]
+    assert train[train.index("--model") + 1] == str(tmp_path / "warmup" / "frozenlake-mixed-seed2")
+    assert mixed.folder == tmp_path / "frozenlake-mixed" / "seed2"
+    assert "--agent" not in base.commands[0]  # the base warm-up is the random agent's, as before
+
+
+def test_finished_seeds_are_pooled_and_unfinished_ones_are_not(tmp_path):
+    for seed, (start, end, steps) in enumerate([(0.2, 0.3, 40), (0.1, 0.3, 40), (0.2, 0.2, 20)]):
+        folder = tmp_path / "frozenlake" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/success": start}) + "\n")
+        (folder / "summary.json").write_text(json.dumps({"steps": steps, "wall_seconds": 60,
+                                                         "final_validation": {"val/success": end}}))
+    table = learn_multiturn.report(tmp_path, ["frozenlake"], [0, 1], tmp_path / "r.md")
+    pooled = next(line for line in table.splitlines() if "pooled" in line)
+    assert pooled.startswith("| frozenlake | base | pooled (2 seeds) | frozenlake | 40 | - | 0.150 ")
+    assert "| 0.300 " in pooled and "+0.150 (+0.08 to +0.22)" in pooled  # 256 states at each end
+    table = learn_multiturn.report(tmp_path, ["frozenlake"], [0, 1, 2], tmp_path / "r.md")
+    assert "pooled" not in table  # seed 2 stopped at step 20: no pooled row until every seed finished
+
+
+def test_the_echo_trap_variants_change_only_the_preset(tmp_path):
+    """``ppo`` / ``grpo``: the vanilla presets from the base warm-up at the same settings; only ``--config`` differs."""
+    base, ppo, grpo = (learn_multiturn.jobs(tmp_path, ["frozenlake"], [0], v)[0] for v in ("base", "ppo", "grpo"))
+    for job, preset in ((base, "starpo-s"), (ppo, "ppo"), (grpo, "grpo")):
+        train = job.commands[1]
+        assert train[train.index("--config") + 1] == preset and "config" not in " ".join(train[3:])
+        assert job.commands[0] == base.commands[0]
+        rest = [a for i, a in enumerate(train) if i not in (train.index("--config") + 1, train.index("--output_dir") + 1)]
+        assert rest == [a for i, a in enumerate(base.commands[1])
+                        if i not in (base.commands[1].index("--config") + 1, base.commands[1].index("--output_dir") + 1)]

@@ -8,6 +8,7 @@ import pytest
 import ragen_envs  # noqa: F401 -- registers the ragen/* ids
 from ragen_envs.driver import EpisodeJob
 from ragen_trainer.evaluation.agents import (
+    MixedAgent,
     OracleAgent,
     RandomAgent,
     TurnContext,
@@ -78,6 +79,32 @@ def test_random_agent_is_reproducible_and_independent_of_batching():
     c = run_suite(suite, RandomAgent(seed=2), batch_size=12, progress=False)["episodes"]
     assert [t["reply"] for e in a for t in e["turns"]] == [t["reply"] for e in b for t in e["turns"]]
     assert [t["reply"] for e in a for t in e["turns"]] != [t["reply"] for e in c for t in e["turns"]]
+
+
+def test_the_mixed_agent_lies_between_random_and_the_oracle_and_plays_each_at_its_extremes():
+    """The oracle's actions at ``oracle_share`` of the turns, random ones at the others: on FrozenLake its success
+    rises with the share; at 1 every turn's actions are the oracle's, at 0 none need be; reproducible, independent of
+    batching; one thinking sentence on every turn."""
+    suite = small_suite(("FrozenLake", "ragen/FrozenLake-v0", 300))
+    success = {share: rates(run_suite(suite, MixedAgent(share), progress=False))["FrozenLake"]
+               for share in (0.0, 0.5, 1.0)}
+    oracle = rates(run_suite(suite, OracleAgent(), progress=False))["FrozenLake"]
+    assert success[0.0] + 0.05 < success[0.5] < success[1.0] - 0.05
+    assert success[1.0] == oracle  # every turn the oracle's: the same episodes, only the thinking differs
+
+    def answers(result):
+        return [t["reply"].split("<answer>")[1] for e in result["episodes"] for t in e["turns"]]
+
+    small = small_suite(("FrozenLake", "ragen/FrozenLake-v0", 12))
+    a = run_suite(small, MixedAgent(0.5, seed=1), batch_size=12, progress=False)
+    b = run_suite(small, MixedAgent(0.5, seed=1), batch_size=5, progress=False)
+    assert answers(a) == answers(b)
+    assert answers(a) != answers(run_suite(small, MixedAgent(0.5, seed=2), progress=False))
+    assert {t["reply"].split("</think>")[0] for e in a["episodes"] for t in e["turns"]} == {
+        "<think>I choose my next actions."}
+    for bad in (-0.1, 1.5, "half", True):
+        with pytest.raises(ValueError, match="oracle_share"):
+            MixedAgent(bad)
 
 
 def _optimal_moves(env_id, seed, **kwargs):

@@ -39,6 +39,23 @@ def test_reference_chats_are_well_formed_episodes_without_the_final_state():
         reference_chats("ragen/Bandit-v0", _kwargs("ragen/Bandit-v0"), episodes=1, agent="oracle")
 
 
+def test_the_mixed_agents_chats_have_one_thinking_sentence_and_oracle_actions_in_part():
+    """The ``mixed`` warm-up's teacher: one thinking sentence on every turn, and between the random agent's actions
+    and the oracle's (on FrozenLake, a share of 0 plays no oracle turn and a share of 1 no random one)."""
+    kwargs = _kwargs("ragen/FrozenLake-v0")
+    chats = reference_chats("ragen/FrozenLake-v0", kwargs, episodes=6, agent="mixed", oracle_share=0.5)
+    replies = [m["content"] for chat in chats for m in chat if m["role"] == "assistant"]
+    assert replies and all(r.startswith("<think>I choose my next actions.</think><answer>") for r in replies)
+    assert chats == reference_chats("ragen/FrozenLake-v0", kwargs, episodes=6, agent="mixed", oracle_share=0.5)
+    assert chats != reference_chats("ragen/FrozenLake-v0", kwargs, episodes=6, agent="mixed", oracle_share=0.9)
+    random_record = warmup.warmup_settings("m", "ragen/FrozenLake-v0", kwargs, agent="random")
+    assert "oracle_share" not in random_record  # the random warm-ups' cached folders keep their records
+    assert warmup.warmup_settings("m", "ragen/FrozenLake-v0", kwargs, agent="mixed", oracle_share=0.25)[
+        "oracle_share"] == 0.25
+    with pytest.raises(ValueError, match="oracle_share"):
+        reference_chats("ragen/FrozenLake-v0", kwargs, episodes=1, agent="mixed", oracle_share=2.0)
+
+
 def test_the_mask_covers_each_reply_and_its_end_of_turn_token(tiny_tokenizer):
     chat = ChatTokens(tiny_tokenizer)
     messages = reference_chats("ragen/Bandit-v0", _kwargs("ragen/Bandit-v0"), episodes=1)[0]
@@ -195,6 +212,9 @@ def _cli_cases(tmp_path, model_dir):
         "seed-negative": (["--seed", "-1"], "--seed=-1"),
         "seed-too-large": (["--seed", str(2**40)], "--seed="),
         "agent-unknown": (["--agent", "oracle"], "--agent"),
+        "oracle-share-above-1": (["--agent", "mixed", "--oracle-share", "1.5"], "--oracle-share=1.5"),
+        "oracle-share-negative": (["--agent", "mixed", "--oracle-share=-0.1"], "--oracle-share=-0.1"),
+        "oracle-share-nan": (["--agent", "mixed", "--oracle-share", "nan"], "--oracle-share=nan"),
         "env-unknown": (["--env", "ragen/Nope-v0"], "--env='ragen/Nope-v0'"),
         "env-empty": (["--env", ""], "--env=''"),
         "protocol-not-yaml": (["--protocol", "{enable_think: [false"], "--protocol"),
@@ -212,7 +232,8 @@ def _cli_cases(tmp_path, model_dir):
 
 
 CLI_CASES = ["episodes-0", "episodes-negative", "episodes-not-a-number", "epochs-0", "lr-0", "lr-negative", "lr-nan",
-             "lr-inf", "lr-huge", "batch-size-0", "seed-negative", "seed-too-large", "agent-unknown", "env-unknown",
+             "lr-inf", "lr-huge", "batch-size-0", "seed-negative", "seed-too-large", "agent-unknown", "oracle-share-above-1",
+             "oracle-share-negative", "oracle-share-nan", "env-unknown",
              "env-empty", "protocol-not-yaml", "protocol-not-a-mapping", "protocol-unknown-setting",
              "protocol-bad-value", "env-kwargs-unknown", "env-kwargs-bad-value", "model-missing", "model-a-file",
              "out-a-file", "out-not-a-warmup", "out-under-a-file"]  # fmt: skip
