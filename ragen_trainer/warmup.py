@@ -66,7 +66,7 @@ from ragen_trainer.safe_yaml import load_yaml
 
 #: Reference agents whose replies the warm-up imitates: ``random`` (the ``reply-format`` warm-up: the format, actions
 #: no better than chance) and ``mixed`` (:class:`MixedAgent`: the oracle's actions at ``oracle_share`` of the turns,
-#: random ones at the others, so the imitating policy's action leans toward the right one in each state).
+#: random ones at the others, so that the imitating policy's action can lean toward the right one in each state).
 WARMUP_AGENTS: tuple[str, ...] = ("random", "mixed")
 #: The ``mixed`` agent's default share of oracle turns.
 DEFAULT_ORACLE_SHARE = 0.5
