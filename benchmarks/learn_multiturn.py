@@ -54,17 +54,25 @@ TRAIN_FIELDS: dict[str, str] = {
 #: step carries at the same learning rate; ``mixed`` starts from a warm-up on the ``mixed`` agent's replies (the
 #: oracle's actions at half of the turns, random ones at the others, one thinking sentence for both) instead of the
 #: random agent's: the base warm-up's policy plays one direction in every state (docs/learning.md), and RL cannot sharpen
-#: a state dependence that is not there. ``ppo`` and ``grpo`` are the multi-turn half of the Echo Trap contrast (one
+#: a state dependence that is not there; ``mixed-state`` is ``mixed`` with the teacher's thinking naming the state
+#: (``--think state``: the player's and the goal's cells, where the goal lies, which moves fall into a hole), so that
+#: the move can follow from text the model wrote itself (the fixed sentence's warm-up did not read the board:
+#: docs/learning.md), on twice the episodes and with room in the reply for the longer thinking (96 new tokens: its
+#: longest reply is 65 tokens). ``ppo`` and ``grpo`` are the multi-turn half of the Echo Trap contrast (one
 #: cause at a time, as ``benchmarks/sweep_bandit.py``'s ``algo``): the vanilla presets at the same learning rate, from the
 #: same warm-up, each making one update a step on all 32 trajectories (``keep1`` is StarPO-S's side of it: only the
 #: filter differs between ``keep1`` and ``base``). ``config`` names the preset (``starpo-s`` when absent).
 VARIANTS: dict[str, dict[str, str]] = {
-    "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"},
+    "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "mixed-state": {"max_new_tokens": "96"},
+    "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"},
 }
 #: The warm-up (docs/reproduction.md's CPU scale).
 WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
 #: Variants' changes to the warm-up; a variant listed here warms up into its own folder.
-WARMUP_VARIANTS: dict[str, dict[str, str]] = {"mixed": {"agent": "mixed", "oracle-share": "0.5", "episodes": "64"}}
+WARMUP_VARIANTS: dict[str, dict[str, str]] = {
+    "mixed": {"agent": "mixed", "oracle-share": "0.5", "episodes": "64"},
+    "mixed-state": {"agent": "mixed", "oracle-share": "0.5", "think": "state", "episodes": "128"},
+}
 
 
 def run_folder(root: Path, env: str, seed: int, variant: str = "base") -> Path:

@@ -51,7 +51,8 @@ from ragen_envs.driver import play_episodes, rollout_jobs
 from ragen_envs.registration import reference_settings
 from ragen_trainer.config import MAX_SEED, StarPOConfig
 from ragen_trainer.critic import chunked_token_logprobs
-from ragen_trainer.evaluation.agents import MixedAgent, RandomAgent
+from ragen_trainer.evaluation.agents import STATE_THOUGHTS, MixedAgent, RandomAgent
+from ragen_trainer.evaluation.metrics import env_family
 from ragen_trainer.fileio import BoundedReadError, apply_umask, atomic_write_json, read_text_bounded
 from ragen_trainer.models import (
     ModelLoadError,
@@ -70,6 +71,8 @@ from ragen_trainer.safe_yaml import load_yaml
 WARMUP_AGENTS: tuple[str, ...] = ("random", "mixed")
 #: The ``mixed`` agent's default share of oracle turns.
 DEFAULT_ORACLE_SHARE = 0.5
+#: The ``mixed`` agent's default thinking (:attr:`MixedAgent.THINKS`): one fixed sentence.
+DEFAULT_THINK = "fixed"
 #: Seeds of the warm-up's episodes start here, far from training (``step_seeds``) and validation seeds.
 WARMUP_SEED_BASE = 7_000_000
 #: The record of a warm-up folder: its settings, losses and chat count. Written last: no record, no warm-up.
@@ -83,13 +86,14 @@ MAX_EPOCHS = 10_000
 
 
 def reference_chats(env_id: str, env_kwargs: dict[str, Any], *, episodes: int, agent: str = "random",
-                    seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE) -> list[list[dict[str, str]]]:
+                    seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE,
+                    think: str = DEFAULT_THINK) -> list[list[dict[str, str]]]:
     """The chats of ``episodes`` episodes played by the reference ``agent``: system, user, assistant, ... up to the
     last reply (the final observation, which no model reads, left out)."""
     check_arg(agent in WARMUP_AGENTS, "agent", agent, f"one of {list(WARMUP_AGENTS)}")
     check_arg(isinstance(episodes, int) and episodes >= 1, "episodes", episodes, "an int >= 1")
     jobs = rollout_jobs([WARMUP_SEED_BASE + seed * 100_003 + i for i in range(episodes)], 1)
-    teacher = RandomAgent(seed=seed) if agent == "random" else MixedAgent(oracle_share, seed=seed)
+    teacher = RandomAgent(seed=seed) if agent == "random" else MixedAgent(oracle_share, seed=seed, think=think)
     played = play_episodes(env_id, jobs, teacher, env_kwargs=env_kwargs)
     chats = []
     for episode in played:
@@ -181,13 +185,17 @@ def supervised_warmup(model: Any, tokenizer: Any, chats: list[list[dict[str, str
 
 def warmup_settings(model_name: str, env_id: str, env_kwargs: dict[str, Any], *, agent: str = "random",
                     episodes: int = 64, epochs: int = 2, lr: float = 1e-4, batch_size: int = 4,
-                    seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE) -> dict[str, Any]:
+                    seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE,
+                    think: str = DEFAULT_THINK) -> dict[str, Any]:
     """Everything a warm-up's weights depend on, as its record holds them (plain JSON data); ``oracle_share`` only
-    for the ``mixed`` agent (the ``random`` one does not read it)."""
+    for the ``mixed`` agent (the ``random`` one does not read it), ``think`` only where it is not the default (so
+    that the records, and the caches, of earlier mixed warm-ups stay valid)."""
     settings = {"model": model_name, "env_id": env_id, "env_kwargs": _plain(env_kwargs), "agent": agent,
                 "episodes": episodes, "epochs": epochs, "lr": lr, "batch_size": batch_size, "seed": seed}
     if agent == "mixed":
         settings["oracle_share"] = float(oracle_share)
+        if think != DEFAULT_THINK:
+            settings["think"] = think
     return settings
 
 
@@ -198,11 +206,14 @@ def settings_key(settings: dict[str, Any]) -> str:
 
 
 def check_warmup_args(*, agent: str, episodes: int, epochs: int, lr: float, batch_size: int, seed: int,
-                      oracle_share: float = DEFAULT_ORACLE_SHARE) -> None:
+                      oracle_share: float = DEFAULT_ORACLE_SHARE, think: str = DEFAULT_THINK) -> None:
     """``ValueError`` naming the first bad setting and what is accepted (nothing is loaded or played)."""
     check_arg(agent in WARMUP_AGENTS, "agent", agent, f"one of {list(WARMUP_AGENTS)}")
     share_ok = isinstance(oracle_share, (int, float)) and not isinstance(oracle_share, bool)
     check_arg(share_ok and 0.0 <= oracle_share <= 1.0, "oracle_share", oracle_share, "a number in [0, 1]")
+    check_arg(think in MixedAgent.THINKS, "think", think, f"one of {list(MixedAgent.THINKS)}")
+    check_arg(think == DEFAULT_THINK or agent == "mixed", "think", think,
+              f"{DEFAULT_THINK!r} with the {agent!r} agent (only the mixed agent's thinking can be chosen)")
     for name, value, most in (("episodes", episodes, MAX_EPISODES), ("epochs", epochs, MAX_EPOCHS)):
         check_arg(_is_int(value) and 1 <= value <= most, name, value, f"an int in 1..{most:,}")
     check_arg(_finite_positive(lr) and lr <= 1.0, "lr", lr, "a finite number in (0, 1], e.g. 1e-4")
@@ -253,7 +264,8 @@ def warmup_folder_action(out: Path, settings: dict[str, Any]) -> tuple[str, str 
 
 def warmup_model(model_name: str, env_id: str, env_kwargs: dict[str, Any], out_dir: str | Path, *,
                  agent: str = "random", episodes: int = 64, epochs: int = 2, lr: float = 1e-4, batch_size: int = 4,
-                 seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE, progress: bool = True,
+                 seed: int = 0, oracle_share: float = DEFAULT_ORACLE_SHARE, think: str = DEFAULT_THINK,
+                 progress: bool = True,
                  activation_checkpointing: bool = True) -> Path:
     """Warm ``model_name`` up on ``agent``'s replies in ``env_id`` and save it (Hugging Face folder, tokenizer and
     ``ragen_warmup.json`` with the settings) to ``out_dir``; a folder whose record holds these settings is reused.
@@ -262,10 +274,10 @@ def warmup_model(model_name: str, env_id: str, env_kwargs: dict[str, Any], out_d
     whole beside ``out_dir`` and renamed into place, the record written last (module docstring): an interrupted
     warm-up leaves ``out_dir`` as it was."""
     check_warmup_args(agent=agent, episodes=episodes, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
-                      oracle_share=oracle_share)  # fmt: skip
+                      oracle_share=oracle_share, think=think)  # fmt: skip
     out = Path(out_dir)
     settings = warmup_settings(model_name, env_id, env_kwargs, agent=agent, episodes=episodes, epochs=epochs, lr=lr,
-                               batch_size=batch_size, seed=seed, oracle_share=oracle_share)  # fmt: skip
+                               batch_size=batch_size, seed=seed, oracle_share=oracle_share, think=think)  # fmt: skip
     action, why = warmup_folder_action(out, settings)
     if action == "reuse":
         return out
@@ -274,7 +286,8 @@ def warmup_model(model_name: str, env_id: str, env_kwargs: dict[str, Any], out_d
     _remove_leftovers(out)
     torch.manual_seed(seed)
     model, tokenizer = load_model_and_tokenizer(model_name)
-    chats = reference_chats(env_id, env_kwargs, episodes=episodes, agent=agent, seed=seed, oracle_share=oracle_share)
+    chats = reference_chats(env_id, env_kwargs, episodes=episodes, agent=agent, seed=seed, oracle_share=oracle_share,
+                            think=think)
     losses = supervised_warmup(model, tokenizer, chats, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                                progress=progress, activation_checkpointing=activation_checkpointing)
     _install(out, model, tokenizer, {"settings": settings, "losses": losses, "chats": len(chats)})
@@ -360,6 +373,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "the turns and random ones at the others (default %(default)s)")
     parser.add_argument("--oracle-share", type=float, default=DEFAULT_ORACLE_SHARE,
                         help="the mixed agent's share of oracle turns, in [0, 1] (default %(default)s)")
+    parser.add_argument("--think", default=DEFAULT_THINK,
+                        help=f"the mixed agent's thinking, one of {list(MixedAgent.THINKS)}: one fixed sentence, or "
+                             "the turn's state in words (positions, where the goal lies; default %(default)s)")
     parser.add_argument("--episodes", type=int, default=64, help=f"1..{MAX_EPISODES:,} (default %(default)s)")
     parser.add_argument("--epochs", type=int, default=2, help=f"1..{MAX_EPOCHS:,} (default %(default)s)")
     parser.add_argument("--lr", type=float, default=1e-4, help="in (0, 1] (default %(default)s)")
@@ -375,7 +391,8 @@ def check_cli_args(args: argparse.Namespace) -> dict[str, Any]:
     """Every value of the command, checked before any model loads; the env's make kwargs. ``ValueError`` naming
     the bad value and what is accepted."""
     check_warmup_args(agent=args.agent, episodes=args.episodes, epochs=args.epochs, lr=args.lr,
-                      batch_size=args.batch_size, seed=args.seed, oracle_share=args.oracle_share)  # fmt: skip
+                      batch_size=args.batch_size, seed=args.seed, oracle_share=args.oracle_share,
+                      think=args.think)  # fmt: skip
     mappings = {}
     for flag, text in (("--protocol", args.protocol), ("--env-kwargs", args.env_kwargs)):
         value = load_yaml(text, f"invalid argument {flag}={text!r}")
@@ -397,11 +414,15 @@ def check_cli_args(args: argparse.Namespace) -> dict[str, Any]:
         why = str(exc).split(" was raised from the environment creator")[0]  # gymnasium appends every kwarg
         raise ValueError(f"invalid argument --env-kwargs={args.env_kwargs!r}: {args.env} does not accept them "
                          f"({why})") from None
+    if args.think != DEFAULT_THINK and env_family(args.env) not in STATE_THOUGHTS:
+        raise ValueError(f"invalid argument --think={args.think!r}: {args.env} has no state thought; expected "
+                         f"{DEFAULT_THINK!r}, or an env of {sorted(STATE_THOUGHTS)}")
     check_model_source(args.model)
     out = Path(args.out)
     warmup_folder_action(out, warmup_settings(args.model, args.env, kwargs, agent=args.agent, episodes=args.episodes,
                                               epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                                              seed=args.seed, oracle_share=args.oracle_share))  # fmt: skip
+                                              seed=args.seed, oracle_share=args.oracle_share,
+                                              think=args.think))  # fmt: skip
     try:  # the folder the warm-up is renamed into must exist and take files: found out now, not after training
         out.parent.mkdir(parents=True, exist_ok=True)
         tempfile.TemporaryFile(dir=out.parent).close()
@@ -418,13 +439,13 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = check_cli_args(args)
     except ValueError as exc:
         message = str(exc).replace("invalid config field", "invalid argument")
-        for name in ("agent", "episodes", "epochs", "lr", "batch_size", "seed", "oracle_share", "model", "out"):  # as the flags
+        for name in ("agent", "episodes", "epochs", "lr", "batch_size", "seed", "oracle_share", "think", "model", "out"):  # as the flags
             message = message.replace(f"invalid argument {name}=", f"invalid argument --{name.replace('_', '-')}=")
         parser.error(message)
     try:
         out = warmup_model(args.model, args.env, kwargs, args.out, agent=args.agent, episodes=args.episodes,
                            epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed,
-                           oracle_share=args.oracle_share,
+                           oracle_share=args.oracle_share, think=args.think,
                            activation_checkpointing=args.activation_checkpointing)  # fmt: skip
     except ModelLoadError as exc:
         print(f"{parser.prog}: error: invalid argument --model={args.model!r}: {exc}", file=sys.stderr)

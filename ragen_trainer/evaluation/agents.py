@@ -317,30 +317,89 @@ class OracleAgent(Agent):
         return AgentReply(format_reply(ctx, think, actions))
 
 
+# State thoughts: true facts about the state a turn sees, for a teacher's thinking ----------------------------------
+
+
+def _cells(cells: Any) -> str:
+    return ", ".join(f"({r}, {c})" for r, c in cells)
+
+
+def _relative(entity: str, player: Any, cell: Any) -> list[str]:
+    """Sentences saying where ``cell`` lies from ``player`` (``"The goal is below me."``), rows first."""
+    (r0, c0), (r, c) = player, cell
+    out = [f"The {entity} is below me." if r > r0 else f"The {entity} is above me."] if r != r0 else []
+    if c != c0:
+        out.append(f"The {entity} is to the right." if c > c0 else f"The {entity} is to the left.")
+    return out
+
+
+def _state_thought_frozen_lake(ctx: TurnContext) -> str:
+    base = ctx.env.unwrapped
+    view = base.state_view()
+    player, goal = view["player"], view["goal"]
+    sentences = [f"I am at ({player[0]}, {player[1]}), the goal at ({goal[0]}, {goal[1]})."]
+    sentences += _relative("goal", player, goal)
+    sentences += [f"Moving {d.lower()} leads to a hole." for d in FL_ACTIONS if "hole" in base.outcomes_of(d, view)]
+    return " ".join(sentences)
+
+
+def _state_thought_sokoban(ctx: TurnContext) -> str:
+    view = ctx.env.unwrapped.state_view()
+    player = view["player"]
+    return (f"I am at ({player[0]}, {player[1]}). Boxes at {_cells(view['boxes'])}. "
+            f"Targets at {_cells(view['targets'])}.")
+
+
+#: Env family -> the state thought ``ctx -> text``: where the player, the goal or the boxes are, and (FrozenLake) where
+#: the goal lies and which moves lead into a hole. Every sentence is a claim the env's ``check_reasoning`` recognises
+#: and supports; none names the move to make.
+STATE_THOUGHTS: dict[str, Callable[[TurnContext], str]] = {
+    "FrozenLake": _state_thought_frozen_lake,
+    "Sokoban": _state_thought_sokoban,
+}
+
+
+def state_thought(ctx: TurnContext) -> str:
+    """What a turn's state is, in words (:data:`STATE_THOUGHTS`); a ``ValueError`` naming the envs it knows."""
+    make = STATE_THOUGHTS.get(env_family(ctx.env_id))
+    if make is None:
+        raise ValueError(f"no state thought for env {ctx.env_id}; known env families: {sorted(STATE_THOUGHTS)}")
+    return make(ctx)
+
+
+
 class MixedAgent(Agent):
     """The oracle's actions at a share of the turns, uniformly random valid ones at the others, under one thinking
-    sentence for both: a teacher whose action depends on the state, but only partly.
+    sentence for both (or, with ``think="state"``, the turn's state in words: :func:`state_thought`): a teacher whose
+    action depends on the state, but only partly.
 
     Each turn is the oracle's with probability ``oracle_share`` (drawn from a generator seeded by ``(seed, env name,
-    env seed, rollout, turn)``, so a run is reproducible and independent of batching). The thinking text is the same
-    fixed sentence on every turn, so a model imitating this agent cannot tell the two kinds of turn apart by its own
+    env seed, rollout, turn)``, so a run is reproducible and independent of batching). The thinking text does not
+    depend on which kind of turn it is, so a model imitating this agent cannot tell the two kinds apart by its own
     thinking: what it learns is an action distribution that leans toward the oracle's action in each state
     (``oracle_share`` of the mass plus the uniform rest), if it can read the board at all. The ``mixed`` warm-up
-    (:mod:`ragen_trainer.warmup`) uses it for that; SmolLM2-135M did not learn the state dependence from 64 episodes
-    (docs/learning.md).
+    (:mod:`ragen_trainer.warmup`) uses it for that; with the fixed sentence SmolLM2-135M did not learn the state
+    dependence from 64 episodes (docs/learning.md). The state thought writes the board's facts out first, so that the
+    move can be read off text the model wrote itself (its coordinates, where the goal lies, which moves fall in).
     """
 
     name = "mixed"
     THINK = "I choose my next actions."
+    #: ``think`` values: ``fixed`` (:attr:`THINK` on every turn) or ``state`` (:func:`state_thought`: the turn's state
+    #: in words, the same for the oracle's turns and the random ones).
+    THINKS: tuple[str, ...] = ("fixed", "state")
 
-    def __init__(self, oracle_share: float = 0.5, seed: int = 0) -> None:
+    def __init__(self, oracle_share: float = 0.5, seed: int = 0, think: str = "fixed") -> None:
         share_ok = isinstance(oracle_share, (int, float)) and not isinstance(oracle_share, bool)
         check_arg(share_ok and 0.0 <= oracle_share <= 1.0, "oracle_share", oracle_share, "a number in [0, 1]")
+        check_arg(think in self.THINKS, "think", think, f"one of {list(self.THINKS)}")
         self.oracle_share = float(oracle_share)
         self.seed = int(seed)
+        self.think = think
 
     def identity(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "seed": self.seed, "oracle_share": self.oracle_share}
+        out = {"name": self.name, "kind": self.kind, "seed": self.seed, "oracle_share": self.oracle_share}
+        return out if self.think == "fixed" else {**out, "think": self.think}
 
     def reply(self, ctx: TurnContext) -> AgentReply:
         rng = episode_rng("mixed", self.seed, ctx.env_name, ctx.seed, ctx.rollout, ctx.info.get("turn", 0))
@@ -351,7 +410,8 @@ class MixedAgent(Agent):
             actions = policy(ctx)[1]
         else:
             actions = random_actions(ctx, rng)
-        return AgentReply(format_reply(ctx, self.THINK, actions))
+        think = self.THINK if self.think == "fixed" else state_thought(ctx)
+        return AgentReply(format_reply(ctx, think, actions))
 
 
 #: Names accepted by ``ragen-trainer eval --agent``.

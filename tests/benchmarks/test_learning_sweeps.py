@@ -121,6 +121,12 @@ def test_the_mixed_variant_warms_up_on_the_mixed_agent_into_its_own_folder(tmp_p
     train = mixed.commands[1]
     assert train[train.index("--model") + 1] == str(tmp_path / "warmup" / "frozenlake-mixed-seed2")
     assert mixed.folder == tmp_path / "frozenlake-mixed" / "seed2"
+    state = learn_multiturn.jobs(tmp_path, ["frozenlake"], [2], "mixed-state")[0]
+    warm, train = state.commands
+    assert warm[warm.index("--think") + 1] == "state" and warm[warm.index("--episodes") + 1] == "128"
+    assert warm[warm.index("--out") + 1] == str(tmp_path / "warmup" / "frozenlake-mixed-state-seed2")
+    assert train[train.index("--max_new_tokens") + 1] == "96"  # the state thinking's longest reply is 65 tokens
+    assert "--think" not in mixed.commands[0]
     assert "--agent" not in base.commands[0]  # the base warm-up is the random agent's, as before
 
 

@@ -16,6 +16,7 @@ from ragen_trainer.evaluation.agents import (
     format_reply,
     frozen_lake_model,
     frozen_lake_values,
+    state_thought,
 )
 from ragen_trainer.evaluation.runner import run_suite
 
@@ -105,6 +106,38 @@ def test_the_mixed_agent_lies_between_random_and_the_oracle_and_plays_each_at_it
     for bad in (-0.1, 1.5, "half", True):
         with pytest.raises(ValueError, match="oracle_share"):
             MixedAgent(bad)
+
+
+@pytest.mark.parametrize("env_id", ["ragen/FrozenLake-v0", "ragen/Sokoban-v0"])
+def test_state_thoughts_are_true_claims_about_the_state_and_name_no_move(env_id):
+    """Every sentence of a state thought is a claim the env's own ``check_reasoning`` recognises and supports (none
+    contradicted), on every turn of episodes played by the mixed agent with ``think="state"``; the thought depends on
+    the state and names no move to make (only moves that fall into a hole)."""
+    agent = MixedAgent(0.5, seed=0, think="state")
+    thoughts = set()
+    for seed in range(12):
+        env = gym.make(env_id)
+        _, info = env.reset(seed=seed)
+        for turn in range(3):
+            ctx = TurnContext(env_id, env_id, EpisodeJob(group_id=0, seed=seed), env, [], info, info)
+            view = env.unwrapped.state_view()
+            reply = agent.reply(ctx).text
+            think = reply.split("<think>")[1].split("</think>")[0]
+            assert think == state_thought(ctx)
+            checked = env.unwrapped.check_reasoning(think, view, [])
+            assert checked["contradicted"] == 0 and checked["supported"] >= think.count(". ") + 1, (think, checked)
+            assert not any(f"go {a.lower()}" in think.lower() for a in ("Left", "Right", "Up", "Down"))
+            thoughts.add(think)
+            _, _, terminated, truncated, info = env.step(reply)
+            if terminated or truncated:
+                break
+    assert len(thoughts) > 10
+    with pytest.raises(ValueError, match="think"):
+        MixedAgent(0.5, think="free")
+    env = gym.make("ragen/Bandit-v0")
+    _, info = env.reset(seed=0)
+    with pytest.raises(ValueError, match="no state thought for env ragen/Bandit-v0; known env families"):
+        state_thought(TurnContext("ragen/Bandit-v0", "Bandit", EpisodeJob(group_id=0, seed=0), env, [], info, info))
 
 
 def _optimal_moves(env_id, seed, **kwargs):

@@ -56,6 +56,23 @@ def test_the_mixed_agents_chats_have_one_thinking_sentence_and_oracle_actions_in
         reference_chats("ragen/FrozenLake-v0", kwargs, episodes=1, agent="mixed", oracle_share=2.0)
 
 
+def test_the_mixed_agents_state_thinking_names_the_state_and_is_recorded_only_when_chosen():
+    """``think="state"``: each reply's thinking names the player's and the goal's cells (the same actions as the fixed
+    sentence's chats: only the thinking differs); the record holds ``think`` only when it is not the default, so the
+    earlier mixed warm-ups' cached folders keep their records."""
+    kwargs = _kwargs("ragen/FrozenLake-v0")
+    fixed = reference_chats("ragen/FrozenLake-v0", kwargs, episodes=4, agent="mixed")
+    state = reference_chats("ragen/FrozenLake-v0", kwargs, episodes=4, agent="mixed", think="state")
+    replies = [m["content"] for chat in state for m in chat if m["role"] == "assistant"]
+    assert replies and all(r.startswith("<think>I am at (") and ", the goal at (" in r for r in replies)
+    assert [r.split("<answer>")[1] for r in replies] == [
+        m["content"].split("<answer>")[1] for chat in fixed for m in chat if m["role"] == "assistant"]
+    assert "think" not in warmup.warmup_settings("m", "ragen/FrozenLake-v0", kwargs, agent="mixed")
+    assert warmup.warmup_settings("m", "ragen/FrozenLake-v0", kwargs, agent="mixed", think="state")["think"] == "state"
+    with pytest.raises(ValueError, match="think"):
+        warmup.check_warmup_args(agent="random", episodes=1, epochs=1, lr=1e-4, batch_size=1, seed=0, think="state")
+
+
 def test_the_mask_covers_each_reply_and_its_end_of_turn_token(tiny_tokenizer):
     chat = ChatTokens(tiny_tokenizer)
     messages = reference_chats("ragen/Bandit-v0", _kwargs("ragen/Bandit-v0"), episodes=1)[0]
@@ -215,6 +232,9 @@ def _cli_cases(tmp_path, model_dir):
         "oracle-share-above-1": (["--agent", "mixed", "--oracle-share", "1.5"], "--oracle-share=1.5"),
         "oracle-share-negative": (["--agent", "mixed", "--oracle-share=-0.1"], "--oracle-share=-0.1"),
         "oracle-share-nan": (["--agent", "mixed", "--oracle-share", "nan"], "--oracle-share=nan"),
+        "think-unknown": (["--agent", "mixed", "--think", "free"], "--think='free'"),
+        "think-with-random": (["--think", "state"], "--think='state'"),
+        "think-no-state-thought": (["--agent", "mixed", "--think", "state"], "has no state thought"),
         "env-unknown": (["--env", "ragen/Nope-v0"], "--env='ragen/Nope-v0'"),
         "env-empty": (["--env", ""], "--env=''"),
         "protocol-not-yaml": (["--protocol", "{enable_think: [false"], "--protocol"),
@@ -233,7 +253,8 @@ def _cli_cases(tmp_path, model_dir):
 
 CLI_CASES = ["episodes-0", "episodes-negative", "episodes-not-a-number", "epochs-0", "lr-0", "lr-negative", "lr-nan",
              "lr-inf", "lr-huge", "batch-size-0", "seed-negative", "seed-too-large", "agent-unknown", "oracle-share-above-1",
-             "oracle-share-negative", "oracle-share-nan", "env-unknown",
+             "oracle-share-negative", "oracle-share-nan", "think-unknown", "think-with-random", "think-no-state-thought",
+             "env-unknown",
              "env-empty", "protocol-not-yaml", "protocol-not-a-mapping", "protocol-unknown-setting",
              "protocol-bad-value", "env-kwargs-unknown", "env-kwargs-bad-value", "model-missing", "model-a-file",
              "out-a-file", "out-not-a-warmup", "out-under-a-file"]  # fmt: skip
