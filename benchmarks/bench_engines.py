@@ -8,6 +8,8 @@ Paths (``--paths``), each in a resident worker process of its own:
   ``ragen-trainer train --engine vllm`` builds it: prefix caching on, ``enforce_eager=True`` and chunked prefill off on
   a CPU, ``max_model_len`` 4096), with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``VLLM_CPU_KVCACHE_SPACE`` =
   ``--kv-cache-gib`` (2). Whether prefix caching was on is read back from the engine's config and reported;
+* ``hf-unshared``: the ``hf`` engine with ``share_attention=False``: every row reads its own copy of the columns it
+  shares with others (before shared "cascade" decode attention), for its before / after in one run;
 * ``hf-before``: the same engine with ``pack_weights=False, share_prefixes=False``: as it was before those two
   speed-ups, for a before / after in one run;
 * ``generate``: one batched ``model.generate`` (left-padded, sampling at temperature 1, ``min_new_tokens`` =
@@ -50,6 +52,9 @@ Workloads (``--workloads``):
   reply) differ between paths: compare tokens per second. Seconds are the whole rollout (env steps and chat-template
   deltas included, under 1 % of it). Plain ``generate`` has no multi-turn path: its row is ``-`` (its first-turn row
   is the single-turn equivalent).
+* ``training-step``: ``five-turn`` as a training step's rollouts are: ``batch / 8`` initial states, 8 episodes from
+  each (:data:`TRAINING_GROUP_SIZE`, ``benchmarks/learn_multiturn.py``'s 4 x 8 at batch 32), so a group's rows share
+  their whole first prompt, as GRPO / StarPO groups do. ``generate`` has no row here either.
 
 Timing: every worker answers one short warm-up request after loading, and one more on a cell's prompts (2 new tokens)
 before that cell's first timed run. ``--rounds`` (2) rounds per cell (dtype, batch, workload), the paths in turn,
@@ -112,15 +117,20 @@ from ragen_trainer.engines.vllm import VLLMEngine, vllm_on_cpu
 from ragen_trainer.models import load_model_and_tokenizer, load_tokenizer, resolve_model_source
 from ragen_trainer.rollout import ChatTokens, collect_rollouts
 
-PATHS = ("hf", "hf-before", "vllm", "generate")
-LABELS = {"hf": "hf (ragen HFEngine)", "hf-before": "hf, before (no packing/prefixes)", "vllm": "vllm (colocate)",
+PATHS = ("hf", "hf-unshared", "hf-before", "vllm", "generate")
+LABELS = {"hf": "hf (ragen HFEngine)", "hf-unshared": "hf, no shared attention",
+          "hf-before": "hf, before (no packing/prefixes)", "vllm": "vllm (colocate)",
           "generate": "plain generate"}
 #: HFEngine's options per path: ``hf-before`` is the engine without the two speed-ups of issue 34 (MKL-packed linear
-#: weights, one encoding of the prompts' shared head), so a run shows their gain side by side.
-HF_OPTIONS: dict[str, dict[str, Any]] = {"hf": {}, "hf-before": {"pack_weights": False, "share_prefixes": False}}
+#: weights, one encoding of the prompts' shared head), so a run shows their gain side by side; ``hf-unshared`` is the
+#: engine without shared ("cascade") decode attention, every row reading its own copy of the columns it shares.
+HF_OPTIONS: dict[str, dict[str, Any]] = {"hf": {}, "hf-unshared": {"share_attention": False},
+                                         "hf-before": {"pack_weights": False, "share_prefixes": False}}
 DTYPES = ("float32", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
-WORKLOADS = ("first-turn", "five-turn")
+WORKLOADS = ("first-turn", "five-turn", "training-step")
+#: Rollouts per initial state in the ``training-step`` workload (learn_multiturn's CPU runs: 4 groups of 8).
+TRAINING_GROUP_SIZE = 8
 ENV_ID = "ragen/FrozenLake-v0"
 VLLM_VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 NOT_INSTALLED = "not installed: bash scripts/vllm_lane.sh --setup-only"
@@ -326,19 +336,20 @@ class Worker:
             self.exact["on"] = False
         return sum(len(r.token_ids) for r in results), seconds
 
-    def _five_turn(self, seeds: list[int], tokens: int, seed: int) -> dict[str, Any]:
+    def _five_turn(self, seeds: list[int], tokens: int, seed: int, group_size: int = 1) -> dict[str, Any]:
 
         if self.path in HF_OPTIONS:
 
-            engine: Any = HFEngine(self.model, self.tokenizer, batch_size=len(seeds), **HF_OPTIONS[self.path])
+            engine: Any = HFEngine(self.model, self.tokenizer, batch_size=len(seeds) * group_size,
+                                   **HF_OPTIONS[self.path])
         else:
             engine = self.engine
             engine.llm.reset_prefix_cache()
         counting = _Counting(engine)
         sampling = SamplingParams(temperature=1.0, max_new_tokens=tokens, seed=seed)
         self._sync()
-        batch = collect_rollouts(counting, self.tokenizer, self.spec["env_id"], list(seeds), 1, settings=ROLLOUT,
-                                 sampling=sampling)  # fmt: skip
+        batch = collect_rollouts(counting, self.tokenizer, self.spec["env_id"], list(seeds), group_size,
+                                 settings=ROLLOUT, sampling=sampling)  # fmt: skip
         self._sync()
         trajs = batch.trajectories
         return {"tokens": counting.tokens, "seconds": batch.timings["total"], "replies": counting.replies,
@@ -354,7 +365,7 @@ class Worker:
 
     def run(self, req: dict[str, Any]) -> dict[str, Any]:
         prompts, workload, tokens = req["prompts"], req["workload"], int(req["max_new_tokens"])
-        if workload == "five-turn" and self.path == "generate":
+        if workload != "first-turn" and self.path == "generate":
             return {"status": NO_MULTI_TURN}
         key = (len(prompts), workload)
         if key not in self.warm:  # a warm-up request on this cell's prompts before its first timed run
@@ -366,8 +377,11 @@ class Worker:
             generated, seconds = self._first_turn(prompts, tokens, int(req["seed"]))
             out: dict[str, Any] = {"tokens": generated, "seconds": seconds, "episodes": len(prompts),
                                    "turns": len(prompts)}  # fmt: skip
-        else:
+        elif workload == "five-turn":
             out = self._five_turn(req["seeds"], tokens, int(req["seed"]))
+        else:  # a training step's rollouts: groups of TRAINING_GROUP_SIZE episodes from one initial state each
+            size = min(TRAINING_GROUP_SIZE, len(req["seeds"]))
+            out = self._five_turn(req["seeds"][: len(req["seeds"]) // size], tokens, int(req["seed"]), size)
         return {"status": "ok", "matmul_peak_gflops_per_s": peak, "load_average": load,
                 "threads": self.torch.get_num_threads(), **out}  # fmt: skip
 
@@ -529,7 +543,8 @@ def choose_pythons(args: argparse.Namespace) -> dict[str, str | None]:
         if vllm_python is None:
             raise SystemExit(f"--hf-python venv: the vLLM Python is missing ({NOT_INSTALLED})")
         hf_python = vllm_python
-    return {"hf": hf_python, "hf-before": hf_python, "generate": hf_python, "vllm": vllm_python}
+    return {"hf": hf_python, "hf-unshared": hf_python, "hf-before": hf_python, "generate": hf_python,
+            "vllm": vllm_python}
 
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:
@@ -726,7 +741,7 @@ def row_cells(row: dict[str, Any]) -> list[str]:
     note = ""
     if row["path"] == "vllm":
         note = f"prefix caching {'on' if row.get('prefix_caching') else 'off'}"
-    if row["workload"] == "five-turn":
+    if row["workload"] != "first-turn":
         note = ", ".join(x for x in (f"{row.get('episodes')} episodes, {row.get('turns')} turns", note) if x)
     return head + [
         str(row["tokens"]), f"{row['seconds']:.2f}", spread, f"{row['tokens_per_s']:.1f}",
@@ -809,7 +824,7 @@ def format_markdown(result: dict[str, Any]) -> str:
         "attention not counted); the peak: the fastest `torch.mm` of two square matrices in the row's dtype, measured "
         'in the worker just before the timed run. "vs vLLM": tokens/s over vLLM\'s in the same cell. five-turn rows: '
         "whole FrozenLake rollouts (stop string `</answer>` and end-of-turn on), so every path writes its own number "
-        "of tokens. See the docstring of `benchmarks/bench_engines.py`."
+        "of tokens; training-step rows: the same in groups of 8 episodes from one initial state (batch / 8 states). See the docstring of `benchmarks/bench_engines.py`."
     )
     lines.append("")
     return "\n".join(lines)

@@ -32,7 +32,7 @@ def _run(tmp_path, model_dir, *extra):
 def test_hf_and_generate_rows_on_the_tiny_model(tmp_path, tiny_model_dir, capsys):
     result, md = _run(tmp_path, tiny_model_dir, "--paths", "hf", "generate")
     rows = {(r["path"], r["workload"]): r for r in result["rows"]}
-    assert set(rows) == {(p, w) for p in ("hf", "generate") for w in ("first-turn", "five-turn")}
+    assert set(rows) == {(p, w) for p in ("hf", "generate") for w in ("first-turn", "five-turn", "training-step")}
     hf, plain = rows[("hf", "first-turn")], rows[("generate", "first-turn")]
     for row in (hf, plain, rows[("hf", "five-turn")]):
         assert row["status"] == "ok" and row["dtype"] == "float32" and row["batch"] == 2 and row["threads"] == 1
@@ -45,6 +45,9 @@ def test_hf_and_generate_rows_on_the_tiny_model(tmp_path, tiny_model_dir, capsys
     five = rows[("hf", "five-turn")]
     assert five["episodes"] == 2 and 2 <= five["turns"] <= 10 and five["tokens"] <= five["turns"] * 4
     assert rows[("generate", "five-turn")]["status"].startswith("- (no multi-turn path")
+    step = rows[("hf", "training-step")]  # one initial state, its group of two episodes (the batch)
+    assert step["status"] == "ok" and step["episodes"] == 2 and 2 <= step["turns"] <= 10
+    assert rows[("generate", "training-step")]["status"].startswith("- (no multi-turn path")
     # the same prompt token ids for every path: distinct initial states
     assert len(set(result["settings"]["prompt_seeds"])) == 2
     assert result["machine"]["cpu"] and len(result["load_average_before"]) == 3
@@ -53,6 +56,16 @@ def test_hf_and_generate_rows_on_the_tiny_model(tmp_path, tiny_model_dir, capsys
         assert "hf (ragen HFEngine)" in text and "plain generate" in text and "first-turn" in text
     assert "| hf (ragen HFEngine) | float32 | 2 | first-turn | 8 |" in md
     assert result["complete"] is True and "Incomplete" not in md
+
+
+def test_shared_attention_is_timed_beside_the_engine_without_it(tmp_path, tiny_model_dir):
+    result, md = _run(tmp_path, tiny_model_dir, "--paths", "hf", "hf-unshared", "--workloads", "training-step",
+                      "--batches", "4")  # fmt: skip
+    rows = {r["path"]: r for r in result["rows"]}
+    assert rows["hf"]["status"] == rows["hf-unshared"]["status"] == "ok"
+    # The same seeded rollouts: sharing the group's columns changes what is read, not what is written.
+    assert rows["hf"]["tokens"] == rows["hf-unshared"]["tokens"] and rows["hf"]["turns"] == rows["hf-unshared"]["turns"]
+    assert "| hf, no shared attention | float32 | 4 | training-step |" in md
 
 
 def test_every_round_is_written_as_it_is_timed(tmp_path, tiny_model_dir, monkeypatch):

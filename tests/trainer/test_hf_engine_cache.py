@@ -422,7 +422,7 @@ def test_the_models_attention_implementation_is_restored_after_a_prefill(tiny_mo
 
 # ------------------------------------------------------------------------------------------------ decode segments
 def _segments_cost(segments, cost):
-    return sum((stop - start) * window + cost for start, stop, window in segments)
+    return sum((stop - start) * (window - first) + cost for start, stop, first, window in segments)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -438,10 +438,10 @@ def test_row_segments_are_the_cheapest_cover_of_the_rows(seed):
     segments = _row_segments(columns, cost=100)
     # Consecutive, covering every row once, each window the widest row's columns (no row reads less than it holds).
     assert [s[0] for s in segments] == [0] + [s[1] for s in segments[:-1]] and segments[-1][1] == rows
-    assert all(window == max(columns[start:stop]) for start, stop, window in segments)
+    assert all(first == 0 and window == max(columns[start:stop]) for start, stop, first, window in segments)
     # Optimal: no way of cutting the rows costs less (brute force over every set of cut points).
     cheapest = min(
-        _segments_cost([(a, b, max(columns[a:b])) for a, b in zip((0, *cuts), (*cuts, rows))], 100)
+        _segments_cost([(a, b, 0, max(columns[a:b])) for a, b in zip((0, *cuts), (*cuts, rows))], 100)
         for k in range(rows) for cuts in itertools.combinations(range(1, rows), k)
     )  # fmt: skip
     assert _segments_cost(segments, 100) == cheapest
@@ -450,8 +450,10 @@ def test_row_segments_are_the_cheapest_cover_of_the_rows(seed):
 def test_rows_of_close_lengths_attend_in_one_segment_and_far_ones_apart():
     from ragen_trainer.engines.hf.runner import row_segments as _row_segments
 
-    assert _row_segments([500, 510, 505, 498], cost=160) == [(0, 4, 510)]
-    assert _row_segments([900, 40, 41, 905], cost=160) == [(0, 1, 900), (1, 3, 41), (3, 4, 905)]
+    assert _row_segments([500, 510, 505, 498], cost=160) == [(0, 4, 0, 510)]
+    assert _row_segments([900, 40, 41, 905], cost=160) == [(0, 1, 0, 900), (1, 3, 0, 41), (3, 4, 0, 905)]
+    # Rows that read their first columns elsewhere (shared with a group) read only the rest on their own.
+    assert _row_segments([500, 510, 40, 41], cost=160, starts=[300, 300, 0, 0]) == [(0, 2, 300, 510), (2, 4, 0, 41)]
 
 
 def test_segmented_decode_attention_gives_the_replies_of_one_window(tiny_model, tiny_tokenizer, monkeypatch):
@@ -462,11 +464,11 @@ def test_segmented_decode_attention_gives_the_replies_of_one_window(tiny_model, 
     prompts = [long_prompt, _prompt(tiny_tokenizer, "reward"), _prompt(tiny_tokenizer, "think, then answer")]
     params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=4)
     real = runner.row_segments
-    monkeypatch.setattr(runner, "row_segments", lambda columns: [(0, len(columns), max(columns))])
-    one_window = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
+    monkeypatch.setattr(runner, "row_segments", lambda columns, starts: [(0, len(columns), 0, max(columns))])
+    one_window = HFEngine(tiny_model, tiny_tokenizer, batch_size=4, share_attention=False)
     expected = one_window.generate(prompts, params)
-    monkeypatch.setattr(runner, "row_segments", lambda columns: real(columns, cost=0))  # every row its own window
-    segmented = HFEngine(tiny_model, tiny_tokenizer, batch_size=4)
+    monkeypatch.setattr(runner, "row_segments", lambda columns, starts: real(columns, cost=0))  # a window per row
+    segmented = HFEngine(tiny_model, tiny_tokenizer, batch_size=4, share_attention=False)
     replies = segmented.generate(prompts, params)
     assert [r.token_ids for r in replies] == [r.token_ids for r in expected]
     for a, b in zip(expected, replies):
@@ -538,3 +540,84 @@ def test_running_the_model_while_a_session_is_open_fails_with_what_to_do(tiny_mo
     with HFEngine(tiny_model, tiny_tokenizer).session(GREEDY), pytest.raises(RuntimeError, match="close it"):
         tiny_model(torch.tensor([[1, 2, 3]]))
     assert tiny_model(torch.tensor([[1, 2, 3]])).logits.shape[1] == 3  # closed: the model's own attention again
+
+
+# ------------------------------------------------------------------------------------------------ shared attention
+def test_rows_holding_copies_of_one_computation_are_grouped_by_their_deepest_shared_pass():
+    import torch
+
+    from ragen_trainer.engines.hf.cache import MIN_SHARED_COLUMNS, BatchCache
+
+    cache = BatchCache((1, 4, 1), 6, dtype=torch.float32, device="cpu")
+    cache.reserve(200)
+    head = cache.open_row(50)  # a shared head, encoded once
+    head_lineage = cache.lineage[head]
+    cache.close_last_row()
+    layers = [(torch.zeros(1, 1, 50, 4), torch.zeros(1, 1, 50, 4))]
+    first = cache.open_row(120, layers, 50, head_lineage)  # a group's first prompt on the head ...
+    second = cache.open_row(120)
+    cache.fill_row(second, first)  # ... and its copy (two requests, one prefill job)
+    other = cache.open_row(110, layers, 50, head_lineage)  # another state's prompt on the same head
+    lone = cache.open_row(90)  # nothing in common
+    groups = {tuple(g.rows): g.columns for g in cache.shared_groups()}
+    # The group's rows share their whole first prompt; the other state's row shares only the head, with nobody
+    # else left to read it (the group reads its deeper pass), so it reads its own; the lone row shares nothing.
+    assert groups == {(first, second): 120}
+    parked = cache.lineage[first]
+    parked_layers = [(torch.zeros(1, 1, 140, 4), torch.zeros(1, 1, 140, 4))]
+    later = cache.open_row(150, parked_layers, 100, parked)  # the group's next turn: 100 columns of its parked cache
+    groups = {tuple(g.rows): g.columns for g in cache.shared_groups()}
+    assert groups == {(first, second, later): 100}
+    cache.move_row(len(cache.lengths) - 1, first)  # the first row finishes: the last takes its place
+    assert {tuple(g.rows): g.columns for g in cache.shared_groups()} == {(first, second): 100}
+    assert other != lone
+    small = BatchCache((1, 4, 1), 2, dtype=torch.float32, device="cpu")
+    small.open_row(MIN_SHARED_COLUMNS - 1)
+    small.open_row(MIN_SHARED_COLUMNS - 1)
+    small.fill_row(1, 0)
+    assert small.shared_groups() == []  # too few shared columns to be worth a pass of their own
+
+
+def test_attention_merged_from_two_parts_by_log_sum_exp_is_one_softmax():
+    import torch
+
+    from ragen_trainer.engines.hf.runner import attention_with_lse, attention_with_lse_math
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(3, 2, 4, 8, generator=gen), torch.randn(3, 2, 40, 8, generator=gen),
+               torch.randn(3, 2, 40, 8, generator=gen))  # fmt: skip
+    mask = torch.zeros(3, 1, 1, 40)
+    mask[1, ..., 30:] = torch.finfo(torch.float32).min
+    whole, whole_lse = attention_with_lse(q, k, v, mask, 0.3)
+    assert torch.allclose(whole, torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3),
+                          atol=1e-6)  # fmt: skip
+    math_out, math_lse = attention_with_lse_math(q, k, v, mask, 0.3)  # the path off the CPU
+    assert torch.allclose(math_out, whole, atol=1e-5) and torch.allclose(math_lse, whole_lse, atol=1e-5)
+    a, a_lse = attention_with_lse(q, k[:, :, :25], v[:, :, :25], None, 0.3)
+    b, b_lse = attention_with_lse(q, k[:, :, 25:], v[:, :, 25:], mask[..., 25:], 0.3)
+    total = torch.logaddexp(a_lse, b_lse)
+    merged = a * torch.exp(a_lse - total)[..., None] + b * torch.exp(b_lse - total)[..., None]
+    assert torch.allclose(merged, whole, atol=1e-6) and torch.allclose(total, whole_lse, atol=1e-5)
+
+
+def test_shared_attention_reads_a_groups_columns_once_and_changes_no_reply(tiny_model, tiny_tokenizer):
+    # GRPO-like rollouts: two states, four episodes each (a group's rows share their first prompt, the states the
+    # env's head), four turns reusing parked caches; sampled, so every row's tokens depend on its log-probs.
+    def rollouts(share):
+        engine = HFEngine(tiny_model, tiny_tokenizer, batch_size=8, share_attention=share)
+        batch = collect_rollouts(engine, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 4,
+                                 sampling=SamplingParams(temperature=1.0, max_new_tokens=10, seed=3),
+                                 env_kwargs={"protocol": {"stop_after_answer": False, "max_turns": 4}},
+                                 settings=latest_rollout(reply_tokens="sampled"))  # fmt: skip
+        return engine, batch
+
+    plain_engine, plain = rollouts(False)
+    shared_engine, shared = rollouts(True)
+    assert _signature(shared) == _signature(plain)
+    for a, b in zip(plain.trajectories, shared.trajectories):
+        assert b.old_logprobs == pytest.approx(a.old_logprobs, abs=1e-4)
+    # Without sharing every row reads every column it holds; with it, a group's shared columns are read once.
+    assert plain_engine.stats["attended_columns"] == plain_engine.stats["cached_columns"]
+    assert shared_engine.stats["attended_columns"] < 0.6 * shared_engine.stats["cached_columns"]
+    with pytest.raises(ValueError, match="share_attention"):
+        HFEngine(tiny_model, tiny_tokenizer, share_attention="yes")

@@ -96,7 +96,7 @@ def _one_shot(model: Any, tokenizer: Any, params: SamplingParams, **engine_kwarg
 
 #: The engine as it was when the reference was recorded: every distinct prompt encoded in full (shared prefixes came
 #: later and change the work counters by design; their outputs are compared with these below).
-RECORDED = {"share_prefixes": False}
+RECORDED = {"share_prefixes": False, "share_attention": False}  # the engine as it was recorded
 
 
 def run_scenarios(model: Any, tokenizer: Any, **engine_options: Any) -> dict[str, Any]:
@@ -156,13 +156,15 @@ def test_the_engine_gives_the_recorded_tokens_and_log_probs():
     assert model.training  # the engine puts the live model back in training mode
 
 
-def test_shared_prefixes_give_the_recorded_replies_with_less_prefill():
+@pytest.mark.parametrize("share_attention", [False, True])
+def test_shared_prefixes_give_the_recorded_replies_with_less_prefill(share_attention):
     # Every scenario's prompts share the chat template's system head: encoded once, the replies are the recorded ones
-    # (the keys of a prefix encoded on its own equal those of the full prompt up to float rounding).
+    # (the keys of a prefix encoded on its own equal those of the full prompt up to float rounding). With shared
+    # attention (the default) rows holding copies of one encoding read them once: less read, the same replies.
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer)
     reference = json.loads(REFERENCE.read_text())
-    got = run_scenarios(model, tokenizer, share_prefixes=True)
+    got = run_scenarios(model, tokenizer, share_prefixes=True, share_attention=share_attention)
     for name, expected in reference["scenarios"].items():
         assert [r["tokens"] for r in _replies(got[name])] == [r["tokens"] for r in _replies(expected)], name
         assert [r["text"] for r in _replies(got[name])] == [r["text"] for r in _replies(expected)], name
@@ -172,6 +174,10 @@ def test_shared_prefixes_give_the_recorded_replies_with_less_prefill():
         # Every prompt token is either encoded or reused: the two together are the same work as before.
         assert stats["prefill_tokens"] + stats["reused_tokens"] >= recorded["prefill_tokens"] + recorded["reused_tokens"]
         assert stats["decode_steps"] == recorded["decode_steps"], name
+        assert stats["attended_columns"] <= recorded["attended_columns"], name
+    if share_attention:  # these short prompts share few columns (test_hf_engine_cache's GRPO rollouts share most)
+        read = sum(got[name]["stats"]["attended_columns"] for name in reference["scenarios"])
+        assert read < sum(e["stats"]["attended_columns"] for e in reference["scenarios"].values())
 
 
 if __name__ == "__main__":

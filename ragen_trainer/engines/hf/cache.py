@@ -7,6 +7,11 @@ cache per token, which is what ``DynamicCache`` does). Nothing is ever shifted: 
 buffers only grow (by whole chunks, copying the live columns) when the longest row would not fit, and a finished
 row's slot is filled by the last row so the live rows stay ``[0, rows)``.
 
+Every row also records its *lineage* (:data:`Lineage`): which prefill pass computed its first columns. Rows of one
+prefill job (a group's identical first prompt), rows that reused one encoded shared prefix, and an episode's later
+turns (its parked cache) hold bit-identical copies of those columns, so decode attention may read one copy for all of
+them (:meth:`BatchCache.shared_groups`).
+
 When a reply ends, its row's keys and values are *parked* (:class:`ParkedCaches`) under its episode's key, so the
 episode's next prompt (the same tokens plus the env's delta) encodes only the delta.
 
@@ -15,6 +20,8 @@ How the model reads and writes this storage during a pass is :mod:`ragen_trainer
 
 from __future__ import annotations
 
+import itertools
+from collections import Counter
 from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +31,20 @@ import torch
 
 #: Columns added to the batch cache at a time when it grows (fewer re-layouts, a little unused memory).
 COLUMN_CHUNK = 256
+#: Fewest shared columns worth reading once for several rows (an extra attention call per layer and a merge).
+MIN_SHARED_COLUMNS = 32
+
+
+#: Where a row's columns were computed: ``((pass, columns), ...)``, columns increasing: its first ``columns`` columns
+#: are copies of what prefill pass ``pass`` wrote (a shared prefix, a group's first prompt, ...). Rows whose lineages
+#: hold the same pass hold bit-identical keys and values in its columns (copies of one computation), so attention may
+#: read one row's copy for all of them (:meth:`BatchCache.shared_groups`).
+Lineage = tuple[tuple[int, int], ...]
+
+
+def cut_lineage(lineage: Lineage, columns: int) -> Lineage:
+    """``lineage`` of the first ``columns`` columns only."""
+    return tuple((tag, min(n, columns)) for tag, n in lineage if min(n, columns) > 0)
 
 
 @dataclass
@@ -32,6 +53,17 @@ class ParkedCache:
 
     tokens: list[int]
     layers: list[tuple[Any, Any]]  # per layer: keys, values [1, kv_heads, len(tokens), head_dim]
+    lineage: Lineage = ()  # where its columns were computed (BatchCache.lineage)
+
+
+@dataclass
+class SharedColumns:
+    """Rows of the batch cache whose first ``columns`` columns are copies of one computation: attention reads them
+    once, from row ``source`` (one of ``rows``)."""
+
+    source: int
+    columns: int
+    rows: list[int]
 
 
 class ParkedCaches:
@@ -94,6 +126,9 @@ class BatchCache:
         self.keys = [torch.zeros(size, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros_like(k) for k in self.keys]
         self.lengths: list[int] = []  # tokens cached per live row, in columns [0, length)
+        self.lineage: list[Lineage] = []  # per live row: where its columns were computed
+        self._passes = itertools.count()
+        self._groups: list[SharedColumns] | None = None  # shared_groups() until the rows change
 
     def reserve(self, n: int) -> None:
         """Make room for rows of ``n`` tokens and one more column (grows the buffers, copying the live columns)."""
@@ -108,16 +143,20 @@ class BatchCache:
                 buffers[i] = new
         self.columns = columns
 
-    def open_row(self, n: int, layers: list[tuple[Any, Any]] | None = None, reused: int = 0) -> int:
+    def open_row(self, n: int, layers: list[tuple[Any, Any]] | None = None, reused: int = 0,
+                 lineage: Lineage = ()) -> int:  # fmt: skip
         """Add a row for a sequence of ``n`` tokens (room made by :meth:`reserve`) whose first ``reused`` keys and
-        values are copied from ``layers`` (``[1, heads, >= reused, dim]`` per layer); the rest is written by the
-        prefill pass. Returns the row's index."""
+        values are copied from ``layers`` (``[1, heads, >= reused, dim]`` per layer, computed where ``lineage``
+        says); the rest is written by the prefill pass, a new pass of the lineage. Returns the row's index."""
         index = len(self.lengths)
         if layers is not None and reused:
             for keys, values, (k, v) in zip(self.keys, self.values, layers):
                 keys[index, :, :reused] = k[0, :, :reused]
                 values[index, :, :reused] = v[0, :, :reused]
         self.lengths.append(n)
+        kept = cut_lineage(lineage, reused) if layers is not None else ()
+        self.lineage.append(kept + ((next(self._passes), n),))
+        self._groups = None
         return index
 
     def fill_row(self, target: int, source: int) -> None:
@@ -126,6 +165,8 @@ class BatchCache:
         for buffers in (self.keys, self.values):
             for buffer in buffers:
                 buffer[target, :, :n] = buffer[source, :, :n]
+        self.lineage[target] = self.lineage[source]
+        self._groups = None
 
     def take_row(self, index: int) -> list[tuple[Any, Any]]:
         """A copy of row ``index``'s cached tokens, per layer ``[1, heads, n, dim]``."""
@@ -141,11 +182,37 @@ class BatchCache:
                 for buffer in buffers:
                     buffer[target, :, :n] = buffer[source, :, :n]
             self.lengths[target] = n
+            self.lineage[target] = self.lineage[source]
         self.lengths.pop()
+        self.lineage.pop()
+        self._groups = None
 
     def close_last_row(self) -> None:
         """Drop the last row (a scratch row, such as a shared prefix's once taken)."""
         self.lengths.pop()
+        self.lineage.pop()
+        self._groups = None
+
+    def shared_groups(self) -> list[SharedColumns]:
+        """The rows that hold copies of one computation in their first columns, grouped (at least two rows and
+        :data:`MIN_SHARED_COLUMNS` columns a group; a row in one group at most).
+
+        Each row joins the deepest pass of its lineage that another row also holds (the most columns: a GRPO group's
+        rows share their whole first prompt, rows of distinct states only the env's common head); a group's shared
+        columns are the fewest its rows hold of that pass. Recomputed only when the rows change."""
+        if self._groups is None:
+            holders = Counter(tag for lineage in self.lineage for tag, _ in lineage)
+            members: dict[int, list[int]] = {}
+            for row, lineage in enumerate(self.lineage):
+                shared = [(n, tag) for tag, n in lineage if holders[tag] > 1]
+                if shared:
+                    members.setdefault(max(shared)[1], []).append(row)
+            self._groups = []
+            for tag, rows in members.items():
+                columns = min(n for row in rows for t, n in self.lineage[row] if t == tag)
+                if len(rows) > 1 and columns >= MIN_SHARED_COLUMNS:
+                    self._groups.append(SharedColumns(rows[0], columns, rows))
+        return self._groups
 
     def begin_step(self) -> DecodeStep:
         """Start a decode step (room is made for every row's next column)."""

@@ -32,6 +32,10 @@ class HFEngine(ModelEngine):
         share_prefixes: encode the common head of distinct prompts admitted together once (the system prompt and the
             rules every state of an env starts with) and reuse it, as a parked cache is reused; ``False`` encodes
             every distinct prompt in full.
+        share_attention: decode attention reads the columns rows hold as copies of one computation (a group's first
+            prompt, the shared head) once per group of rows and merges by log-sum-exp ("cascade" attention,
+            :class:`~ragen_trainer.engines.hf.runner.DecodePlan`); ``False`` reads every row's own copy. The same
+            attention up to float rounding.
     """
 
     supports_token_ids = True
@@ -49,6 +53,7 @@ class HFEngine(ModelEngine):
         prefill_tokens: int = 16_384,
         pack_weights: bool | None = None,
         share_prefixes: bool = True,
+        share_attention: bool = True,
     ) -> None:
         super().__init__(
             model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
@@ -68,6 +73,8 @@ class HFEngine(ModelEngine):
         check_arg(pack_weights in (None, True, False), "pack_weights", pack_weights, "True, False or None (auto)")
         check_arg(isinstance(share_prefixes, bool), "share_prefixes", share_prefixes, "True or False")
         self.share_prefixes = share_prefixes
+        check_arg(isinstance(share_attention, bool), "share_attention", share_attention, "True or False")
+        self.share_attention = share_attention
         self.pack_weights = can_pack(model) if pack_weights is None else bool(pack_weights and can_pack(model))
         #: Work done, for benchmarks and tests: tokens run through the model (prefill), tokens reused from a parked
         #: or shared cache, decode steps, rows decoded summed over steps, and the key columns decode attended to

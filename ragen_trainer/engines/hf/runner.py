@@ -12,7 +12,9 @@ new keys at their own columns in place (:class:`ColumnLayer`). Attention reads o
 are cut into consecutive *segments* (:func:`row_segments`), each attending over the columns ``[0, longest row of the
 segment]`` with an additive mask hiding the columns right of a shorter row, so rows at turn 1 do not read the padding
 up to a turn-5 row's length (one segment when the rows' lengths are close: a call costs more than a few padded
-columns).
+columns). Columns that several rows hold as copies of one computation (a group's first prompt, the env's common
+head: :meth:`~ragen_trainer.engines.hf.cache.BatchCache.shared_groups`) are read once per group of rows, and each
+row reads only its own columns after them; the two parts merge by log-sum-exp (:class:`DecodePlan`).
 
 Attention. While a session is open its model runs ragen's attention function (:func:`ragen_attention`, registered
 with ``transformers``' attention interface and switched on for the session by :class:`ModelLease`, then switched
@@ -33,7 +35,7 @@ from weakref import WeakKeyDictionary
 import torch
 
 from ragen_trainer.engines.hf import transformers_api
-from ragen_trainer.engines.hf.cache import BatchCache, DecodeStep, ParkedCache
+from ragen_trainer.engines.hf.cache import BatchCache, DecodeStep, ParkedCache, SharedColumns
 from ragen_trainer.engines.hf.packed_weights import PackedWeights
 from ragen_trainer.engines.hf.transformers_api import CacheLayer
 
@@ -56,9 +58,10 @@ class ModelRunner:
     """Runs ``model``'s passes over a :class:`~ragen_trainer.engines.hf.cache.BatchCache` and counts the work in
     ``stats`` (the engine's counters)."""
 
-    def __init__(self, model: Any, stats: dict[str, int]) -> None:
+    def __init__(self, model: Any, stats: dict[str, int], *, share_attention: bool = True) -> None:
         self.model = model
         self.stats = stats
+        self.share_attention = share_attention
         self.cache_keyword = transformers_api.cache_keyword(model)
         try:
             self.device = next(model.parameters()).device
@@ -90,7 +93,8 @@ class ModelRunner:
         for job in jobs:
             length = len(job.prompt)
             reused = min(len(job.parked.tokens), length - 1) if job.parked is not None else 0  # run one token at least
-            rows = [cache.open_row(length, job.parked.layers if reused else None, reused)]
+            parked = job.parked if reused else None
+            rows = [cache.open_row(length, parked.layers if parked else None, reused, parked.lineage if parked else ())]
             rows += [cache.open_row(length) for _ in job.requests[1:]]  # copies of the first, filled after the pass
             plan.add(rows, offset=len(ids), suffix=length - reused, length=length)
             ids += job.prompt[reused:]
@@ -114,15 +118,24 @@ class ModelRunner:
         values as a cache any prompt starting with them can reuse; the row is closed again."""
         self.prefill(cache, [PrefillJob(list(tokens), [None], None)])
         row = len(cache.lengths) - 1
-        layers = cache.take_row(row)
+        parked = ParkedCache(list(tokens), cache.take_row(row), cache.lineage[row])
         cache.close_last_row()
-        return ParkedCache(list(tokens), layers)
+        return parked
 
     def decode(self, cache: BatchCache, last_tokens: list[int]) -> Any:
         """Run one token per row of ``cache`` (``last_tokens[r]`` for row ``r``), writing their keys and values at
         each row's next column; returns the logits ``[rows, vocab]``."""
         inputs = torch.tensor([[token] for token in last_tokens], dtype=torch.long, device=self.device)
-        plan = DecodePlan(row_segments([n + 1 for n in cache.lengths]))  # each row's columns, new one included
+        groups = cache.shared_groups() if self.share_attention else []
+        starts = [0] * len(cache.lengths)  # the first column each row attends to on its own
+        for group in groups:
+            for row in group.rows:
+                starts[row] = group.columns
+        held = [n + 1 for n in cache.lengths]  # each row's columns, the new one included
+        segments = row_segments(held, starts=starts)
+        if groups:
+            segments, groups = _drop_unread_sharing(segments, starts, groups)
+        plan = DecodePlan(segments, held, starts, groups, cache.keys[0])
         step = cache.begin_step()
         with _attending(plan):
             out = self.model(
@@ -132,7 +145,7 @@ class ModelRunner:
             )  # fmt: skip
         self.stats["decode_steps"] += 1
         self.stats["decoded_rows"] += len(last_tokens)
-        self.stats["attended_columns"] += sum((stop - start) * window for start, stop, window in plan.segments)
+        self.stats["attended_columns"] += plan.columns_read()
         self.stats["cached_columns"] += sum(cache.lengths) + len(last_tokens)
         cache.end_step()
         return out.logits[:, -1, :]
@@ -316,53 +329,151 @@ class ColumnLayer(CacheLayer):
 
 
 class DecodePlan:
-    """How a decode step attends: segment by segment of rows (:func:`row_segments`), each over its own window."""
+    """How a decode step attends: segment by segment of rows (:func:`row_segments`), each over its own columns, and
+    the columns rows share (:meth:`BatchCache.shared_groups`) read once per group of rows.
 
-    def __init__(self, segments: list[tuple[int, int, int]]) -> None:
-        self.segments = segments
+    Shared columns ("cascade" attention). Rows whose first columns are copies of one computation (a GRPO group's
+    first prompt, the env's common head) read those columns once for the whole group: the group's queries, stacked,
+    attend over one row's copy, each row attends over its own columns after them, and the two parts are merged by
+    their log-sum-exp (``softmax`` over ``[a; b]`` = ``(e^{lse_a} o_a + e^{lse_b} o_b) / (e^{lse_a} + e^{lse_b})``).
+    The keys read per layer drop from ``sum_r n_r`` columns to ``shared + sum_r (n_r - shared)``; the result equals
+    one softmax over all of a row's columns up to float rounding (about 1e-7)."""
+
+    def __init__(self, segments: list[tuple[int, int, int, int]], held: list[int], starts: list[int],
+                 groups: list[SharedColumns], like: Any) -> None:  # fmt: skip
+        """``segments``: ``(start, stop, first, window)`` rows and columns read (:func:`row_segments`); ``held`` /
+        ``starts``: each row's columns and the first it reads on its own; ``like``: a tensor of the cache's dtype
+        and device."""
+        self.segments, self.groups = segments, groups
+        self.indices = [torch.tensor(group.rows, device=like.device) for group in groups]
+        lowest = torch.finfo(like.dtype).min
+        self.masks = []  # per segment [rows, 1, 1, window - first] additive, None where every column is the rows'
+        for start, stop, first, window in segments:
+            if all(starts[r] == first and held[r] == window for r in range(start, stop)):
+                self.masks.append(None)
+                continue
+            columns = torch.arange(first, window, device=like.device)[None, :]
+            lo = torch.tensor(starts[start:stop], device=like.device)[:, None]
+            hi = torch.tensor(held[start:stop], device=like.device)[:, None]
+            hidden = (columns < lo) | (columns >= hi)
+            mask = torch.zeros(hidden.shape, dtype=like.dtype, device=like.device).masked_fill_(hidden, lowest)
+            self.masks.append(mask[:, None, None, :])
+
+    def columns_read(self) -> int:
+        """(row, column) pairs of keys a layer reads in this step."""
+        own = sum((stop - start) * (window - first) for start, stop, first, window in self.segments)
+        return own + sum(group.columns for group in self.groups)
 
     def attend(self, module: Any, query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> Any:
         """``query`` ``[rows, heads, 1, dim]`` over ``key`` / ``value`` ``[rows, kv_heads, window, dim]`` (the batch
-        cache's columns, this step's written) with the additive ``mask`` ``[rows, 1, 1, window]``; each segment reads
-        only its first ``window`` columns. Returns ``[rows, 1, heads, dim]``."""
+        cache's columns, this step's written); ``mask`` (the model's) is not used: each segment's own is. Returns
+        ``[rows, 1, heads, dim]``."""
         rows, heads, _, dim = query.shape
         kv_heads = key.shape[1]
+        group = heads // kv_heads
         # The query heads that share a key/value head side by side (repeat_kv's order): [rows, kv_heads, group, dim],
         # so attention reads each key once instead of once per query head.
-        grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)
-        out = query.new_empty(rows, 1, heads, dim)
-        for start, stop, window in self.segments:
-            attended = torch.nn.functional.scaled_dot_product_attention(
-                grouped[start:stop], key[start:stop, :, :window], value[start:stop, :, :window],
-                attn_mask=mask[start:stop, :, :, :window], scale=scaling,
+        grouped = query.reshape(rows, kv_heads, group, dim)
+        out = query.new_empty(rows, kv_heads, group, dim)
+        if not self.groups:
+            for (start, stop, first, window), own_mask in zip(self.segments, self.masks):
+                out[start:stop] = torch.nn.functional.scaled_dot_product_attention(
+                    grouped[start:stop], key[start:stop, :, first:window], value[start:stop, :, first:window],
+                    attn_mask=own_mask, scale=scaling,
+                )  # fmt: skip
+            return out.reshape(rows, 1, heads, dim)
+        lse = torch.empty(rows, kv_heads, group, dtype=torch.float32, device=query.device)
+        for (start, stop, first, window), own_mask in zip(self.segments, self.masks):
+            out[start:stop], lse[start:stop] = attention_with_lse(
+                grouped[start:stop], key[start:stop, :, first:window], value[start:stop, :, first:window],
+                own_mask, scaling,
             )  # fmt: skip
-            out[start:stop, 0] = attended.reshape(stop - start, heads, dim)
-        return out
+        for shared, index in zip(self.groups, self.indices):
+            members = len(shared.rows)
+            # The group's queries as one sequence of members x group queries per key/value head: one pass over the
+            # source row's shared columns serves them all.
+            stacked = grouped[index].transpose(0, 1).reshape(1, kv_heads, members * group, dim)
+            source = slice(shared.source, shared.source + 1)
+            o_shared, lse_shared = attention_with_lse(stacked, key[source, :, : shared.columns],
+                                                      value[source, :, : shared.columns], None, scaling)  # fmt: skip
+            o_shared = o_shared.reshape(kv_heads, members, group, dim).transpose(0, 1)
+            lse_shared = lse_shared.reshape(kv_heads, members, group).transpose(0, 1)
+            lse_own = lse[index]
+            total = torch.logaddexp(lse_own, lse_shared)  # merged in float32, rounded once to the cache's dtype
+            out[index] = (out[index].float() * torch.exp(lse_own - total)[..., None]
+                          + o_shared.float() * torch.exp(lse_shared - total)[..., None]).to(out.dtype)  # fmt: skip
+        return out.reshape(rows, 1, heads, dim)
 
 
-def row_segments(columns: list[int], cost: int = SEGMENT_COST) -> list[tuple[int, int, int]]:
-    """Cut rows ``[0, len(columns))`` into consecutive segments ``(start, stop, window)``, ``window`` the most columns
-    a row of the segment holds, minimising the (row, column) pairs attended plus ``cost`` per segment.
+def _drop_unread_sharing(segments: list[tuple[int, int, int, int]], starts: list[int],
+                         groups: list[SharedColumns]) -> tuple[list[tuple[int, int, int, int]], list[SharedColumns]]:
+    """A grouped row cut into a segment that reads from column 0 (beside rows that share nothing) reads its shared
+    columns there anyway: it leaves its group and reads its own copy (``starts`` updated in place). The rest stay,
+    the source row too where it left (it still holds the columns); a grouped row in a segment that starts later than
+    column 0 but before its own first column stays too, the columns between masked."""
+    first = {row: seg_first for start, stop, seg_first, _ in segments for row in range(start, stop)}
+    kept = []
+    for group in groups:
+        rows = [row for row in group.rows if first[row] > 0]
+        for row in set(group.rows) - set(rows):
+            starts[row] = 0
+        if rows:
+            kept.append(SharedColumns(group.source, group.columns, rows))
+    return segments, kept
+
+
+def attention_with_lse(query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> tuple[Any, Any]:
+    """Scaled dot-product attention ``[batch, heads, queries, dim]`` and each query's log-sum-exp of its scores
+    ``[batch, heads, queries]`` (float32), what merging two parts of one softmax needs. On a CPU torch's flash
+    kernel returns both; elsewhere it is computed in float32."""
+    if query.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, 0.0, False, attn_mask=mask, scale=scaling
+        )
+        return out, lse.float()
+    return attention_with_lse_math(query, key, value, mask, scaling)
+
+
+def attention_with_lse_math(query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> tuple[Any, Any]:
+    """:func:`attention_with_lse` written out in float32 (any device): ``softmax(q k^T * scale + mask) v`` and the
+    log-sum-exp of the scores."""
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(query.shape[-1])
+    scores = torch.matmul(query.float(), key.float().transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask.float()
+    lse = torch.logsumexp(scores, dim=-1)
+    out = torch.matmul(torch.exp(scores - lse[..., None]), value.float())
+    return out.to(query.dtype), lse
+
+
+def row_segments(columns: list[int], cost: int = SEGMENT_COST, *,
+                 starts: list[int] | None = None) -> list[tuple[int, int, int, int]]:  # fmt: skip
+    """Cut rows ``[0, len(columns))`` into consecutive segments ``(start, stop, first, window)``: the rows of the
+    segment read the columns ``[first, window)``, ``first`` the lowest of their ``starts`` (the first column each
+    row reads; 0 by default) and ``window`` the most columns a row holds, minimising the (row, column) pairs read plus
+    ``cost`` per segment.
 
     Dynamic programming over the cut points (``best[i]``: cheapest cover of rows ``[0, i)``), ``O(rows^2)``; when the
     rows' padding under one window costs less than a second segment, one segment is returned at once.
     """
-    rows, widest = len(columns), max(columns)
-    if rows * widest - sum(columns) <= cost:
-        return [(0, rows, widest)]
+    rows = len(columns)
+    starts = starts if starts is not None else [0] * rows
+    first, widest = min(starts), max(columns)
+    if rows * (widest - first) - sum(c - s for c, s in zip(columns, starts)) <= cost:
+        return [(0, rows, first, widest)]
     best = [0.0] + [math.inf] * rows
     cut = [0] * (rows + 1)
     for stop in range(1, rows + 1):
-        window = 0
+        window, lowest = 0, math.inf
         for start in range(stop - 1, -1, -1):
-            window = max(window, columns[start])
-            total = best[start] + (stop - start) * window + cost
+            window, lowest = max(window, columns[start]), min(lowest, starts[start])
+            total = best[start] + (stop - start) * (window - lowest) + cost
             if total < best[stop]:
                 best[stop], cut[stop] = total, start
     segments = []
     stop = rows
     while stop > 0:
         start = cut[stop]
-        segments.append((start, stop, max(columns[start:stop])))
+        segments.append((start, stop, min(starts[start:stop]), max(columns[start:stop])))
         stop = start
     return segments[::-1]

@@ -75,7 +75,7 @@ class HFSession(GenerationSession):
         self._stops = set(engine.stop_token_ids)
         self._stop_window = max((len(s) for s in params.stop), default=0) + 2  # tokens decoded to find a stop string
         self._sampler = Sampler(params, compute_logprobs=engine.compute_logprobs)
-        self._runner = ModelRunner(engine.model, engine.stats)
+        self._runner = ModelRunner(engine.model, engine.stats, share_attention=engine.share_attention)
         self._lease = ModelLease(engine.model, pack_weights=engine.pack_weights)
         self._closed = False
 
@@ -153,7 +153,8 @@ class HFSession(GenerationSession):
             if parked is not None and common > 0:
                 # Keys of the first `common` tokens do not depend on what followed them: reuse those, drop the rest
                 # (BatchCache.open_row copies only the first len(tokens) columns of the layers).
-                jobs.append(PrefillJob(prompt, [request], ParkedCache(parked.tokens[:common], parked.layers)))
+                jobs.append(PrefillJob(prompt, [request], ParkedCache(parked.tokens[:common], parked.layers,
+                                                                  parked.lineage)))
             elif tuple(prompt) in shared:
                 shared[tuple(prompt)].requests.append(request)
             else:
@@ -187,7 +188,7 @@ class HFSession(GenerationSession):
         for job in fresh:
             prefix, length = self._shared_prefix(job.prompt)
             if prefix is not None and length >= MIN_SHARED_PREFIX:
-                job.parked = ParkedCache(prefix.tokens[:length], prefix.layers)
+                job.parked = ParkedCache(prefix.tokens[:length], prefix.layers, prefix.lineage)
 
     def _shared_prefix(self, prompt: list[int]) -> tuple[ParkedCache | None, int]:
         """The kept shared prefix ``prompt`` starts with the most of, and how many tokens of it."""
@@ -237,7 +238,8 @@ class HFSession(GenerationSession):
         if self.keep_cache:
             # The cache holds the prompt and every reply token but the last (sampled, never fed back).
             tokens = row.prompt + row.tokens[:-1]
-            self._parked.park(row.request.key, ParkedCache(tokens, self._cache.take_row(index)))
+            self._parked.park(row.request.key, ParkedCache(tokens, self._cache.take_row(index),
+                                                                     self._cache.lineage[index]))
         last = len(self._rows) - 1
         self._cache.move_row(last, index)
         self._rows[index] = self._rows[last]
