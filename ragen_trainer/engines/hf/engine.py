@@ -27,8 +27,9 @@ class HFEngine(ModelEngine):
         prefill_tokens: most new prompt tokens encoded together in one packed forward pass (memory vs. speed; a
             longer prompt runs alone).
         pack_weights: multiply by MKL-packed copies of the linear weights while a session is open (the same floats,
-            faster on a CPU; a second copy of the weights in memory meanwhile); ``None``: when the model is float32
-            on a CPU and ``torch`` has MKL (:func:`~ragen_trainer.engines.hf.packed_weights.can_pack`).
+            faster on a CPU; a second copy of the weights in memory meanwhile, kept between sessions for a model in
+            eval mode and reused while its weights are unchanged); ``None``: when the model is float32 on a CPU and
+            ``torch`` has MKL (:func:`~ragen_trainer.engines.hf.packed_weights.can_pack`).
         share_prefixes: encode the common head of distinct prompts admitted together once (the system prompt and the
             rules every state of an env starts with) and reuse it, as a parked cache is reused; ``False`` encodes
             every distinct prompt in full.

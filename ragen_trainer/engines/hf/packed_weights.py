@@ -14,16 +14,28 @@ closes. A pack costs about as much as one decode step and holds a second copy of
 open. A call with gradients on (the packed product has no backward) or under ``torch.autocast`` (autocast's dtype
 rules apply there) falls back to ``F.linear``; a model that is not float32 on a CPU, or a ``torch`` built without
 MKL, is not packed at all.
+
+Packs kept between sessions (``keep=True``: a model in eval mode, as evaluation and benchmarks use it): the packed
+copies stay with the model after a session closes and the next session reuses each one whose weight is unchanged (the
+same tensor, storage and version counter: an optimizer step or ``load_state_dict`` writes in place and bumps it),
+so a run of many short sessions packs once. A model in training mode (the trainer's policy between updates) keeps
+nothing: its weights change every step, and a stale copy would only hold memory through the update.
 """
 
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 
 #: The batch-size hint MKL packs for (any number of rows multiplies correctly by the packed weight).
 PACK_ROWS_HINT = 32
+
+#: A weight as it was packed: the tensor, its storage address and its version counter.
+Fingerprint = tuple[torch.Tensor, int, int]
+#: Packs kept between sessions, per model: layer -> (the weight's fingerprint when packed, the packed copy).
+_kept: WeakKeyDictionary[Any, dict[torch.nn.Linear, tuple[Fingerprint, torch.Tensor]]] = WeakKeyDictionary()
 
 
 def can_pack(model: Any) -> bool:
@@ -44,26 +56,47 @@ class PackedWeights:
     """Every float32 ``nn.Linear`` of ``model`` multiplies by an MKL-packed copy of its weight until :meth:`restore`.
 
     The layers keep their parameters (gradients, state dicts and ``named_parameters`` see nothing new); only the
-    instance's ``forward`` is replaced, and :meth:`restore` removes it again."""
+    instance's ``forward`` is replaced, and :meth:`restore` removes it again. ``keep``: leave the packed copies with
+    the model for the next session (module docstring); ``packed`` counts the layers packed here (the rest reused)."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, *, keep: bool = False) -> None:
+        self.model, self.keep = model, keep
         self.layers: list[torch.nn.Linear] = []
+        self.copies: dict[torch.nn.Linear, tuple[Fingerprint, torch.Tensor]] = {}
+        self.packed = 0
+        kept = _kept.pop(model, {}) if keep else {}
+        _kept.pop(model, None)
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32 and not module.weight.is_meta:
-                module.forward = _packed_forward(module)  # type: ignore[method-assign]
+                fingerprint = _fingerprint(module.weight)
+                old = kept.get(module)
+                if old is not None and old[0][0] is module.weight and old[0][1:] == fingerprint[1:]:
+                    copy = old[1]
+                else:
+                    copy = torch.ops.mkl._mkl_reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
+                    self.packed += 1
+                self.copies[module] = (fingerprint, copy)
+                module.forward = _packed_forward(module, copy)  # type: ignore[method-assign]
                 self.layers.append(module)
 
     def restore(self) -> None:
-        """Give every layer its own ``forward`` back and drop the packed copies."""
+        """Give every layer its own ``forward`` back; the packed copies are dropped, or kept with ``keep``."""
         for module in self.layers:
             module.__dict__.pop("forward", None)
-        self.layers = []
+        if self.keep and self.copies:
+            _kept[self.model] = self.copies
+        self.layers, self.copies = [], {}
 
 
-def _packed_forward(module: torch.nn.Linear) -> Any:
+def _fingerprint(weight: torch.Tensor) -> Fingerprint:
+    """What a packed copy was made from: the tensor itself (held, so that no new tensor can take its place unseen),
+    its storage and its version (bumped by every in-place write)."""
+    return weight, weight.data_ptr(), weight._version
+
+
+def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor) -> Any:
     weight = module.weight.detach()
     bias = module.bias.detach() if module.bias is not None else None
-    packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_ROWS_HINT)
 
     def forward(inputs: torch.Tensor) -> torch.Tensor:
         if inputs.dtype != torch.float32 or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):

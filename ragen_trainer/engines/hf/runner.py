@@ -178,7 +178,9 @@ class ModelLease:
             model.eval()
             try:
                 transformers_api.set_attention_implementation(model, transformers_api.ATTENTION_NAME)
-                lease.packed = PackedWeights(model) if pack_weights else None
+                # A model in eval mode (evaluation, benchmarks) keeps its packs between sessions; the trainer's
+                # policy, in training mode, changes its weights every step and keeps none.
+                lease.packed = PackedWeights(model, keep=not lease.was_training) if pack_weights else None
             except Exception:
                 transformers_api.set_attention_implementation(model, lease.attention)
                 model.train(lease.was_training)
