@@ -19,7 +19,9 @@ SmolLM2-135M-Instruct) and each of ``--states`` initial states of ``--env`` (``g
    and its KV cache shared by the actions' continuations, right-padded in a batch). Generation stops at the
    protocol's stop string ``</answer>``, so nothing after it is scored.
    ``--think`` chooses the thinking text placed before the answer: ``empty`` (default), ``oracle`` (the oracle's
-   own think line, which names the state but not the move), or any literal text. It is the same for every action, so
+   own think line, which names the state but not the move), ``state`` (the state in words,
+   :func:`ragen_trainer.evaluation.agents.state_thought`: what the ``mixed-state`` warm-up's teacher writes, so the
+   preference measured is the move given true facts about the board), or any literal text. It is the same for every action, so
    it only sets the context of the answer; the shares below compare the answers under that context.
 3. The oracle (:data:`ragen_trainer.evaluation.agents.ORACLES`, what :class:`OracleAgent` plays) and the set of
    optimal first actions: FrozenLake, finite-horizon value iteration over the slippery dynamics with the episode's
@@ -89,8 +91,10 @@ from ragen_envs.frozen_lake import ACTIONS, reach_values, transition_model
 from ragen_envs.parsing import parse_reply
 from ragen_envs.protocol import TurnProtocol, find_protocol
 from ragen_envs.sokoban.solver import solve
+from ragen_trainer.engines.base import SamplingParams
+from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.hf.transformers_api import cache_keyword
-from ragen_trainer.evaluation.agents import ORACLES, format_reply
+from ragen_trainer.evaluation.agents import ORACLES, format_reply, state_thought
 from ragen_trainer.evaluation.metrics import env_family
 from ragen_trainer.models import is_default_model, load_model_and_tokenizer
 from ragen_trainer.rollout import ChatTokens
@@ -191,11 +195,13 @@ class StateCase:
     notes: list[str] = field(default_factory=list)
 
 
-def think_text(mode: str, oracle_think: str) -> str:
+def think_text(mode: str, oracle_think: str, ctx: Any = None) -> str:
     if mode == "empty":
         return ""
     if mode == "oracle":
         return oracle_think
+    if mode == "state":
+        return state_thought(ctx)
     return mode
 
 
@@ -231,7 +237,7 @@ def build_cases(tokenizer: Any, env_id: str, states: int, think: str = "empty") 
                 notes.append("no solution found: the oracle's pick stands for the optimal set")
             if oracle_action not in optimal:
                 raise RuntimeError(f"{env_id} seed {seed}: the oracle plays {oracle_action}, not in {optimal}")
-            text = think_text(think, oracle_think)
+            text = think_text(think, oracle_think, ctx)
             replies, continuations, first, joint = {}, {}, {}, True
             for action in names:
                 reply = format_reply(ctx, text, [action])
@@ -399,13 +405,55 @@ def model_source(name: str | None) -> str | None:
     return None if name is None or is_default_model(name) else name
 
 
+def own_thinking(model: Any, tokenizer: Any, env_id: str, cases: list[StateCase], max_new_tokens: int
+                 ) -> dict[str, Any]:  # fmt: skip
+    """What the model writes itself on each state's first turn (greedy, up to ``max_new_tokens``, stopped at
+    ``</answer>``): whether the reply parses, what its thinking claims about the board (the env's own
+    ``check_reasoning``: supported / contradicted claims), and whether its first action is optimal. A warm-up meant to
+    name the state before the move (``--think state``'s teacher) should write true claims and then the right moves.
+    """
+    engine = HFEngine(model, tokenizer, batch_size=len(cases) or 1)
+    params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, stop=("</answer>",))
+    results = engine.generate([c.prompt_ids for c in cases], params)
+    env = gym.make(env_id)
+    try:
+        protocol = find_protocol(env)
+        settings = protocol.settings
+        rows = []
+        for case, result in zip(cases, results):
+            ctx = first_turn_context(env, env_id, case.seed)
+            view = env.unwrapped.state_view()
+            reply = settings.generation_prefix + result.text
+            parsed = parse_reply(reply, enable_think=settings.enable_think, separator=settings.action_sep)
+            claims = env.unwrapped.check_reasoning(parsed.think, view, parsed.actions) if parsed.format_ok else None
+            rows.append({"seed": case.seed, "reply": reply, "format_ok": parsed.format_ok,
+                         "supported": claims["supported"] if claims else 0,
+                         "contradicted": claims["contradicted"] if claims else 0,
+                         "truth": state_thought(ctx),
+                         "first_optimal": bool(parsed.actions) and parsed.actions[0] in case.optimal})  # fmt: skip
+    finally:
+        env.close()
+    n = max(len(rows), 1)
+    return {
+        "states": len(rows),
+        "format_ok": sum(r["format_ok"] for r in rows) / n,
+        "supported_per_state": sum(r["supported"] for r in rows) / n,
+        "contradicted_per_state": sum(r["contradicted"] for r in rows) / n,
+        "all_claims_true": sum(r["supported"] > 0 and r["contradicted"] == 0 for r in rows) / n,
+        "first_action_optimal": sum(r["first_optimal"] for r in rows) / n,
+        "uniform_first_action_optimal": sum(len(c.optimal) / len(c.actions) for c in cases) / max(len(cases), 1),
+        "rows": rows,
+    }
+
+
 def evaluate_model(model: Any, tokenizer: Any, env_id: str, states: int, *, think: str = "empty",
-                   batch_states: int = 8, progress: Any = None) -> dict[str, Any]:  # fmt: skip
-    """Every state's numbers and their summary for one loaded model."""
+                   batch_states: int = 8, progress: Any = None, own_tokens: int = 0) -> dict[str, Any]:  # fmt: skip
+    """Every state's numbers and their summary for one loaded model (``own_tokens`` > 0: also :func:`own_thinking`)."""
     cases, env_settings = build_cases(tokenizer, env_id, states, think)
     scores = score_cases(model, cases, batch_states=batch_states, progress=progress)
     rows = [state_metrics(c, s) for c, s in zip(cases, scores)]
     return {
+        "own_thinking": own_thinking(model, tokenizer, env_id, cases, own_tokens) if own_tokens > 0 else None,
         "summary": summarize(rows),
         "states": rows,
         "env": env_settings,
@@ -478,6 +526,15 @@ def format_markdown(result: dict[str, Any]) -> str:
         "|" + "|".join("---" for _ in TABLE_HEADER) + "|",
     ]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(result)]
+    own = [(m["label"], m["own_thinking"]) for m in result["models"] if m.get("own_thinking")]
+    if own:
+        lines += ["", ("What each model writes itself (greedy first reply; claims checked by the env's "
+                       "`check_reasoning`):"), "",
+                  ("| model | states | format ok | supported claims / state | contradicted / state | "
+                   "all claims true | first action optimal (uniform) |"), "|---|---|---|---|---|---|---|"]
+        lines += [f"| {label} | {o['states']} | {o['format_ok']:.3f} | {o['supported_per_state']:.2f} | "
+                  f"{o['contradicted_per_state']:.2f} | {o['all_claims_true']:.3f} | "
+                  f"{o['first_action_optimal']:.3f} ({o['uniform_first_action_optimal']:.3f}) |" for label, o in own]
     lines += ["", "Models:", ""]
     lines += [f"- {m['label']}: `{m['model']}`" for m in result["models"]]
     return "\n".join(lines) + "\n"
@@ -496,9 +553,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--env", default=DEFAULT_ENV, help=f"env id (FrozenLake or Sokoban family; default {DEFAULT_ENV})")
     p.add_argument("--states", type=int, default=64, help="initial states: seeds 0 .. N-1 (default 64)")
     p.add_argument(
-        "--think", default="empty", help="think text before the answer: 'empty' (default), 'oracle', or literal text"
+        "--think", default="empty",
+        help="think text before the answer: 'empty' (default), 'oracle', 'state' (the state in words, what the "
+             "mixed-state warm-up's teacher writes), or literal text"
     )
     p.add_argument("--batch-states", type=int, default=8, help="states per forward pass (default 8)")
+    p.add_argument("--own-thinking", type=int, default=0, metavar="TOKENS",
+                   help="also generate each model's own greedy first reply (up to TOKENS new tokens) and check its "
+                        "thinking's claims and first action (default 0: off)")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--json", default=None, help="write the full result (per-state numbers included) here")
     p.add_argument("--md", default=None, help="write the table as Markdown here")
@@ -526,7 +588,8 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(max(1, args.threads))
     labels = args.labels or [default_label(m) for m in models]
-    settings = {"env": args.env, "states": args.states, "think": args.think, "batch_states": args.batch_states,
+    settings = {"env": args.env, "states": args.states, "think": args.think, "own_thinking": args.own_thinking,
+                "batch_states": args.batch_states,
                 "threads": args.threads, "dtype": "float32", "device": "cpu"}  # fmt: skip
     result: dict[str, Any] = {
         "settings": settings,
@@ -541,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         model.eval()
         with tqdm(total=args.states, desc=label, file=sys.stderr, disable=args.no_progress) as bar:
             entry = evaluate_model(model, tokenizer, args.env, args.states, think=args.think,
-                                   batch_states=args.batch_states, progress=bar)  # fmt: skip
+                                   batch_states=args.batch_states, progress=bar,
+                                   own_tokens=args.own_thinking)  # fmt: skip
         entry = {"label": label, "model": name, "seconds": round(time.perf_counter() - t0, 2), **entry}
         result["models"].append(entry)
         result["settings"].setdefault("example_continuation", next(iter(entry["continuation_text"].values()), ""))
@@ -549,6 +613,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label}: share(optimal) {s['share_optimal']:.3f} (uniform {s['uniform_share']:.3f}), "
               f"top-1 {s['top1_optimal']:.3f}, log p(oracle) {s['logp_oracle']:.2f}  "
               f"[{entry['seconds']:.0f} s]", file=sys.stderr, flush=True)  # fmt: skip
+        if entry["own_thinking"]:
+            o = entry["own_thinking"]
+            print(f"{label}, own greedy replies: format ok {o['format_ok']:.3f}, claims true in "
+                  f"{o['all_claims_true']:.3f} of states ({o['contradicted_per_state']:.2f} contradicted / state), "
+                  f"first action optimal {o['first_action_optimal']:.3f} (uniform "
+                  f"{o['uniform_first_action_optimal']:.3f})", file=sys.stderr, flush=True)  # fmt: skip
         del model
     result["seconds"] = round(time.perf_counter() - t_start, 2)
     text = format_text(result)

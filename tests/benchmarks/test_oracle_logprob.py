@@ -72,7 +72,7 @@ def test_prompts_are_the_rollouts_first_prompts(tiny_model_dir, fl_cases):
 
 
 @pytest.mark.parametrize("env_id", [FL, SOKOBAN])
-@pytest.mark.parametrize("think", ["empty", "oracle"])
+@pytest.mark.parametrize("think", ["empty", "oracle", "state"])
 def test_every_continuation_parses_to_its_action(tokenizer, env_id, think):
     import gymnasium as gym
 
@@ -205,10 +205,47 @@ def test_a_model_biased_toward_one_action_text_prefers_it(model, fl_cases):
         assert row["share_optimal"] == pytest.approx(float("Right" in case.optimal), abs=0.01)
 
 
+def test_own_thinking_checks_the_claims_and_the_first_move_a_model_writes(tokenizer, model, monkeypatch):
+    from types import SimpleNamespace
+    from typing import ClassVar
+
+    cases, settings = ol.build_cases(tokenizer, FL, 8, "state")
+    prefix = settings["generation_prefix"]
+
+    class Writes:  # stands in for the engine: writes a given reply per prompt
+        replies: ClassVar[list[str]] = []
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def generate(self, prompts, params):
+            assert params.temperature == 0 and "</answer>" in params.stop
+            return [SimpleNamespace(text=r[len(prefix):]) for r in self.replies]
+
+    monkeypatch.setattr(ol, "HFEngine", Writes)
+    # The true state in words, then an optimal move: every claim supported, every first move optimal.
+    Writes.replies = [c.replies[c.optimal[0]] for c in cases]
+    right = ol.own_thinking(model, tokenizer, FL, cases, 64)
+    assert right["format_ok"] == right["all_claims_true"] == right["first_action_optimal"] == 1.0
+    assert right["contradicted_per_state"] == 0 and right["supported_per_state"] >= 2
+    # Every claim swapped for another state's and a non-optimal move: contradicted claims, no optimal move.
+    wrong = []
+    for i, c in enumerate(cases):
+        other = next(o for o in cases[i + 1:] + cases[:i] if o.think != c.think)
+        bad = next((a for a in c.actions if a not in c.optimal), None)
+        wrong.append(other.replies[other.actions[0]].replace(other.actions[0], bad or c.optimal[0]))
+    Writes.replies = wrong
+    out = ol.own_thinking(model, tokenizer, FL, cases, 64)
+    assert out["contradicted_per_state"] > 0 and out["all_claims_true"] < 1.0
+    assert out["first_action_optimal"] <= sum(all(a in c.optimal for a in c.actions) for c in cases) / len(cases)
+    Writes.replies = ["no tags at all"] * len(cases)
+    assert ol.own_thinking(model, tokenizer, FL, cases, 64)["format_ok"] == 0.0
+
+
 def test_cli_two_models_json_and_markdown(tmp_path, tiny_model_dir, capsys):
     out_json, out_md = tmp_path / "o.json", tmp_path / "o.md"
     argv = [tiny_model_dir, tiny_model_dir, "--labels", "a", "b", "--states", "3", "--json", str(out_json),
-            "--md", str(out_md), "--threads", "1", "--no-progress"]  # fmt: skip
+            "--md", str(out_md), "--threads", "1", "--no-progress", "--own-thinking", "4"]  # fmt: skip
     assert ol.main(argv) == 0
     result = json.loads(out_json.read_text(encoding="utf-8"))
     a, b = result["models"]
@@ -219,3 +256,4 @@ def test_cli_two_models_json_and_markdown(tmp_path, tiny_model_dir, capsys):
     for text in (md, out):
         assert "share(optimal)" in text and "uniform policy" in text and "most preferred" in text
     assert "| a | 3 |" in md and "| b | 3 |" in md
+    assert "What each model writes itself" in md and a["own_thinking"]["states"] == 3
