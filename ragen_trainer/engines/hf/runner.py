@@ -347,8 +347,24 @@ class DecodePlan:
         ``starts``: each row's columns and the first it reads on its own; ``like``: a tensor of the cache's dtype
         and device."""
         self.segments, self.groups = segments, groups
-        self.indices = [torch.tensor(group.rows, device=like.device) for group in groups]
         lowest = torch.finfo(like.dtype).min
+        if groups:
+            # All groups' shared parts in one attention call: group g's members (padded to the largest group with
+            # repeats of its first, whose results are dropped) over its source row's first columns (padded to the
+            # most columns, the rest masked).
+            most = max(len(g.rows) for g in groups)
+            self.members = torch.tensor([g.rows + g.rows[:1] * (most - len(g.rows)) for g in groups], device=like.device)
+            self.kept = torch.tensor([[i < len(g.rows) for i in range(most)] for g in groups],
+                                     device=like.device).flatten()  # fmt: skip
+            self.member_rows = self.members.flatten()[self.kept]
+            self.sources = torch.tensor([g.source for g in groups], device=like.device)
+            self.shared_columns = max(g.columns for g in groups)
+            self.shared_mask = None
+            if any(g.columns != self.shared_columns for g in groups):
+                hidden = torch.arange(self.shared_columns, device=like.device)[None, :] >= torch.tensor(
+                    [g.columns for g in groups], device=like.device)[:, None]
+                self.shared_mask = torch.zeros(hidden.shape, dtype=like.dtype, device=like.device).masked_fill_(
+                    hidden, lowest)[:, None, None, :]
         self.masks = []  # per segment [rows, 1, 1, window - first] additive, None where every column is the rows'
         for start, stop, first, window in segments:
             if all(starts[r] == first and held[r] == window for r in range(start, stop)):
@@ -390,20 +406,24 @@ class DecodePlan:
                 grouped[start:stop], key[start:stop, :, first:window], value[start:stop, :, first:window],
                 own_mask, scaling,
             )  # fmt: skip
-        for shared, index in zip(self.groups, self.indices):
-            members = len(shared.rows)
-            # The group's queries as one sequence of members x group queries per key/value head: one pass over the
-            # source row's shared columns serves them all.
-            stacked = grouped[index].transpose(0, 1).reshape(1, kv_heads, members * group, dim)
-            source = slice(shared.source, shared.source + 1)
-            o_shared, lse_shared = attention_with_lse(stacked, key[source, :, : shared.columns],
-                                                      value[source, :, : shared.columns], None, scaling)  # fmt: skip
-            o_shared = o_shared.reshape(kv_heads, members, group, dim).transpose(0, 1)
-            lse_shared = lse_shared.reshape(kv_heads, members, group).transpose(0, 1)
-            lse_own = lse[index]
-            total = torch.logaddexp(lse_own, lse_shared)  # merged in float32, rounded once to the cache's dtype
-            out[index] = (out[index].float() * torch.exp(lse_own - total)[..., None]
-                          + o_shared.float() * torch.exp(lse_shared - total)[..., None]).to(out.dtype)  # fmt: skip
+        # Each group's queries as one sequence of members x group queries per key/value head: one pass over its
+        # source row's shared columns serves them all.
+        groups, most = self.members.shape
+        stacked = grouped[self.members].transpose(1, 2).reshape(groups, kv_heads, most * group, dim)
+        columns = slice(0, self.shared_columns)
+        if groups == 1:  # a view of the source row, no copy
+            source = slice(self.groups[0].source, self.groups[0].source + 1)
+            shared_keys, shared_values = key[source, :, columns], value[source, :, columns]
+        else:
+            shared_keys, shared_values = key[self.sources, :, columns], value[self.sources, :, columns]
+        o_shared, lse_shared = attention_with_lse(stacked, shared_keys, shared_values, self.shared_mask, scaling)
+        o_shared = o_shared.reshape(groups, kv_heads, most, group, dim).transpose(1, 2).reshape(-1, kv_heads, group, dim)
+        lse_shared = lse_shared.reshape(groups, kv_heads, most, group).transpose(1, 2).reshape(-1, kv_heads, group)
+        o_shared, lse_shared, index = o_shared[self.kept], lse_shared[self.kept], self.member_rows
+        lse_own = lse[index]
+        total = torch.logaddexp(lse_own, lse_shared)  # merged in float32, rounded once to the cache's dtype
+        out[index] = (out[index].float() * torch.exp(lse_own - total)[..., None]
+                      + o_shared.float() * torch.exp(lse_shared - total)[..., None]).to(out.dtype)  # fmt: skip
         return out.reshape(rows, 1, heads, dim)
 
 
