@@ -109,3 +109,17 @@ def test_a_bfloat16_model_generates_with_finite_log_probs(tiny_tokenizer):
             assert 0 < len(result.token_ids) <= 8
             assert len(result.logprobs) == len(result.token_ids)
             assert all(math.isfinite(x) and x <= 0 for x in result.logprobs)
+
+
+def test_shared_attention_on_the_device_changes_no_reply(device_model, tiny_tokenizer):
+    # Groups of 4 rollouts sharing their first prompt: off the CPU the shared part and its log-sum-exp are computed
+    # in float32 (attention_with_lse_math), not by torch's CPU flash kernel.
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=10, seed=3)
+    kwargs = {"env_kwargs": {"protocol": {"stop_after_answer": False, "max_turns": 4}},
+              "settings": latest_rollout(reply_tokens="sampled"), "sampling": sampling}  # fmt: skip
+    engines = [HFEngine(device_model, tiny_tokenizer, batch_size=8, share_attention=s) for s in (False, True)]
+    plain, shared = (collect_rollouts(e, tiny_tokenizer, "ragen/FrozenLake-v0", [0, 1], 4, **kwargs) for e in engines)
+    assert _signature(shared) == _signature(plain)
+    for a, b in zip(plain.trajectories, shared.trajectories):
+        assert b.old_logprobs == pytest.approx(a.old_logprobs, abs=1e-3)
+    assert engines[1].stats["attended_columns"] < engines[0].stats["attended_columns"]
