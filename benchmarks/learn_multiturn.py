@@ -8,7 +8,7 @@ of each generalisation split (the paper's: Sokoban runs validate SokobanLarge, S
 ``run`` again after an interruption continues each unfinished run from its checkpoint.
 
     python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
-    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, ppo, grpo (VARIANTS)
+    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, ppo, grpo (VARIANTS)
     python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
     ragen-trainer plot runs/multiturn/frozenlake -o docs/learning/frozenlake.png
 
@@ -148,9 +148,9 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
             continue
         first, last = min(vals), max(vals)
         try:
-            minutes = json.loads((folder / "summary.json").read_text())["wall_seconds"] / 60
+            minutes = f"{json.loads((folder / 'summary.json').read_text())['wall_seconds'] / 60:.0f}"
         except (OSError, ValueError, KeyError, TypeError):
-            minutes = float("nan")
+            minutes = "running"  # no summary yet: the run is training (or was killed before writing one)
         for key in sorted(vals[first]):
             if key not in vals[last]:
                 continue
@@ -161,7 +161,7 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
             split = key[len("val/"):-len("success")].strip("/") or env
             if last == STEPS:
                 pooled.setdefault((env, variant, split), []).append((seed, a, b))
-            lines.append(f"| {env} | {variant} | {seed} | {split} | {last} | {minutes:.0f} | {a:.3f} ({lo_a:.2f}-{hi_a:.2f}) "
+            lines.append(f"| {env} | {variant} | {seed} | {split} | {last} | {minutes} | {a:.3f} ({lo_a:.2f}-{hi_a:.2f}) "
                          f"| {b:.3f} ({lo_b:.2f}-{hi_b:.2f}) | {b - a:+.3f} ({g_lo:+.2f} to {g_hi:+.2f}) |")
     for (env, variant, split), runs in pooled.items():
         if len(runs) < 2 or len(runs) < len(seeds):
