@@ -1,0 +1,174 @@
+"""Can the model read a FrozenLake grid? Fine-tune it to say where the player is, measure it on boards it never saw.
+
+Why. The FrozenLake search (docs/learning.md) found every warmed-up SmolLM2-135M policy blind to the board: even a
+warm-up whose thinking names the player's cell writes the same cell in every state. This isolates perception from
+acting: the question is only "where is P?", with the answer ``(row, col)`` (0 at the top-left, as the env's prompts
+count), so nothing but reading the grid can get it right.
+
+What is measured, per ``--rendering``:
+
+* ``reference``: the grid as the env shows it (one row per line, one symbol per cell, ``P__O``): the tokenizer merges
+  runs of ``_`` (``__``, ``___``), so a cell's column is not a token position;
+* ``spaced``: the same rows with a space between cells (``P _ _ O``): one token per cell.
+
+For each: the model before training and after SFT (:func:`ragen_trainer.warmup.supervised_warmup`, the warm-up's own
+loss and optimizer) on ``--train`` boards (``reset(seed=s)`` of ``ragen/FrozenLake-v0``, seeds from 1,000,000), scored
+greedy on ``--test`` other boards (seeds 0 ..): the share of exact cells, of right rows and of right columns (chance:
+1/16, 1/4, 1/4 on 4x4 boards), with Wilson 95 % intervals on the exact share.
+
+    python benchmarks/grid_perception.py --train 512 --test 128 --epochs 2
+    python benchmarks/grid_perception.py --renderings reference --train 2048    # more examples
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import gymnasium as gym
+import torch
+
+import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+from ragen_trainer.engines.base import SamplingParams
+from ragen_trainer.engines.hf import HFEngine
+from ragen_trainer.models import load_model_and_tokenizer
+from ragen_trainer.rollout import ChatTokens
+from ragen_trainer.warmup import supervised_warmup
+
+ENV_ID = "ragen/FrozenLake-v0"
+RENDERINGS = ("reference", "spaced")
+QUESTION = "Where is the player P? Answer with its cell as (row, col), counting from 0 at the top-left."
+TRAIN_SEED_BASE = 1_000_000
+_CELL = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)")
+
+
+def board(seed: int) -> tuple[list[str], tuple[int, int]]:
+    """The grid rows and the player's cell of ``reset(seed=seed)``."""
+    env = gym.make(ENV_ID)
+    try:
+        env.reset(seed=seed)
+        view = env.unwrapped.state_view()
+        return list(view["grid"]), (int(view["player"][0]), int(view["player"][1]))
+    finally:
+        env.close()
+
+
+def render(rows: list[str], rendering: str) -> str:
+    if rendering not in RENDERINGS:
+        raise ValueError(f"rendering {rendering!r}: expected one of {list(RENDERINGS)}")
+    return "\n".join(" ".join(row) if rendering == "spaced" else row for row in rows)
+
+
+def question(rows: list[str], rendering: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"{render(rows, rendering)}\n{QUESTION}"}]
+
+
+def parse_cell(text: str) -> tuple[int, int] | None:
+    found = _CELL.search(text)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    if n <= 0:
+        return (0.0, 1.0)
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def score(model: Any, tokenizer: Any, boards: list[tuple[list[str], tuple[int, int]]], rendering: str
+          ) -> dict[str, Any]:  # fmt: skip
+    """Greedy answers on ``boards``: shares of exact cells, right rows and right columns."""
+    chat = ChatTokens(tokenizer)
+    prompts = [chat.prompt_ids(question(rows, rendering)) for rows, _ in boards]
+    model.eval()
+    results = HFEngine(model, tokenizer, batch_size=32).generate(prompts, SamplingParams(temperature=0, max_new_tokens=10))
+    pairs = [(parse_cell(r.text), truth) for r, (_, truth) in zip(results, boards)]
+    n = len(boards)
+    exact = sum(cell == truth for cell, truth in pairs)
+    return {
+        "exact": exact / n,
+        "exact_ci": list(wilson(exact, n)),
+        "row": sum(cell is not None and cell[0] == truth[0] for cell, truth in pairs) / n,
+        "col": sum(cell is not None and cell[1] == truth[1] for cell, truth in pairs) / n,
+        "answered": sum(cell is not None for cell, _ in pairs) / n,
+        "distinct_answers": len({cell for cell, _ in pairs}),
+        "examples": [r.text for r in results[:3]],
+    }
+
+
+def run(model_name: str | None, rendering: str, *, train: int, test: int, epochs: int, lr: float, batch_size: int,
+        progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """One rendering: the model scored before and after SFT on ``train`` boards."""
+    model, tokenizer = load_model_and_tokenizer(model_name, dtype="float32", device="cpu")
+    held_out = [board(s) for s in range(test)]
+    before = score(model, tokenizer, held_out, rendering)
+    chats = [question(rows, rendering) + [{"role": "assistant", "content": f"({cell[0]}, {cell[1]})"}]
+             for rows, cell in (board(TRAIN_SEED_BASE + i) for i in range(train))]  # fmt: skip
+    started = time.perf_counter()
+    losses = supervised_warmup(model, tokenizer, chats, epochs=epochs, lr=lr, batch_size=batch_size,
+                               progress=progress, activation_checkpointing=False)  # fmt: skip
+    after = score(model, tokenizer, held_out, rendering)
+    return {"rendering": rendering, "before": before, "after": after, "losses": losses,
+            "train_seconds": round(time.perf_counter() - started, 1)}  # fmt: skip
+
+
+def table(results: list[dict[str, Any]], train: int, test: int) -> str:
+    lines = [(f"Where is P? {test} held-out FrozenLake boards, after SFT on {train} others (chance: exact 0.062, "
+              "row 0.25, col 0.25)"), "",
+             "| rendering | model | exact (95 % CI) | row | col | distinct answers | train s |",
+             "|---|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for r in results:
+        for name in ("before", "after"):
+            s = r[name]
+            lo, hi = s["exact_ci"]
+            lines.append(f"| {r['rendering']} | {name} | {s['exact']:.3f} ({lo:.2f}-{hi:.2f}) | {s['row']:.3f} | "
+                         f"{s['col']:.3f} | {s['distinct_answers']} | {r['train_seconds'] if name == 'after' else '-'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="model folder or id (default: the bundled SmolLM2-135M-Instruct)")
+    p.add_argument("--renderings", nargs="+", choices=RENDERINGS, default=list(RENDERINGS))
+    p.add_argument("--train", type=int, default=512, help="training boards (default 512)")
+    p.add_argument("--test", type=int, default=128, help="held-out boards (default 128)")
+    p.add_argument("--epochs", type=int, default=2, help="SFT epochs (default 2)")
+    p.add_argument("--lr", type=float, default=1e-4, help="SFT learning rate (default 1e-4, the warm-up's)")
+    p.add_argument("--batch-size", type=int, default=8, help="boards per optimizer step (default 8)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--json", default="", help="write the results here")
+    p.add_argument("--md", default="", help="write the table here")
+    args = p.parse_args(argv)
+    for name in ("train", "test", "epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    torch.set_num_threads(args.threads)
+    results = []
+    for rendering in args.renderings:
+        result = run(args.model, rendering, train=args.train, test=args.test, epochs=args.epochs, lr=args.lr,
+                     batch_size=args.batch_size)  # fmt: skip
+        results.append(result)
+        print(f"{rendering}: exact {result['before']['exact']:.3f} -> {result['after']['exact']:.3f} "
+              f"({result['train_seconds']:.0f} s of SFT)", file=sys.stderr, flush=True)
+    text = table(results, args.train, args.test)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "results": results}, indent=1), encoding="utf-8")
+    if args.md:
+        Path(args.md).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
