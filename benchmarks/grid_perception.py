@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 import sys
 import time
@@ -38,6 +37,7 @@ import gymnasium as gym
 import torch
 
 import ragen_envs  # noqa: F401  (registers the ragen/* ids)
+from benchmarks.learn_multiturn import wilson
 from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.models import load_model_and_tokenizer
@@ -75,15 +75,6 @@ def question(rows: list[str], rendering: str) -> list[dict[str, str]]:
 def parse_cell(text: str) -> tuple[int, int] | None:
     found = _CELL.search(text)
     return (int(found.group(1)), int(found.group(2))) if found else None
-
-
-def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    if n <= 0:
-        return (0.0, 1.0)
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def score(model: Any, tokenizer: Any, boards: list[tuple[list[str], tuple[int, int]]], rendering: str
