@@ -150,7 +150,7 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
         try:
             minutes = f"{json.loads((folder / 'summary.json').read_text())['wall_seconds'] / 60:.0f}"
         except (OSError, ValueError, KeyError, TypeError):
-            minutes = "running"  # no summary yet: the run is training (or was killed before writing one)
+            minutes = "unfinished"  # no summary: still training, or killed before it could write one
         for key in sorted(vals[first]):
             if key not in vals[last]:
                 continue

@@ -113,7 +113,7 @@ def test_an_interrupted_multiturn_run_reports_its_last_validation(tmp_path):
     assert "| frozenlake | keep1 | 0 | frozenlake | 10 |" in table
     (folder / "summary.json").unlink()  # a run still training has no summary yet
     table = learn_multiturn.report(tmp_path, ["frozenlake"], [0], tmp_path / "r.md", ("keep1",))
-    assert "| frozenlake | keep1 | 0 | frozenlake | 10 | running | 0.200" in table
+    assert "| frozenlake | keep1 | 0 | frozenlake | 10 | unfinished | 0.200" in table
 
 
 def test_the_mixed_variant_warms_up_on_the_mixed_agent_into_its_own_folder(tmp_path):
