@@ -64,8 +64,9 @@ class PackedWeights:
         self.layers: list[torch.nn.Linear] = []
         self.copies: dict[torch.nn.Linear, tuple[Fingerprint, torch.Tensor]] = {}
         self.packed = 0
-        kept = _kept.pop(model, {}) if keep else {}
-        _kept.pop(model, None)
+        kept = _kept.pop(model, {})  # taken either way: a session that does not keep drops the model's old packs
+        if not keep:
+            kept = {}
         for module in model.modules():
             if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32 and not module.weight.is_meta:
                 fingerprint = _fingerprint(module.weight)

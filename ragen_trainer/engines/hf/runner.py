@@ -141,7 +141,7 @@ class ModelRunner:
         held = [n + 1 for n in cache.lengths]  # each row's columns, the new one included
         segments = row_segments(held, starts=starts)
         if groups:
-            segments, groups = _drop_unread_sharing(segments, starts, groups)
+            groups = _drop_unread_sharing(segments, starts, groups)
         plan = DecodePlan(segments, held, starts, groups, cache.keys[0])
         step = cache.begin_step()
         with _attending(plan):
@@ -442,7 +442,7 @@ def worth_sharing(groups: list[SharedColumns]) -> list[SharedColumns]:
 
 
 def _drop_unread_sharing(segments: list[tuple[int, int, int, int]], starts: list[int],
-                         groups: list[SharedColumns]) -> tuple[list[tuple[int, int, int, int]], list[SharedColumns]]:
+                         groups: list[SharedColumns]) -> list[SharedColumns]:
     """A grouped row cut into a segment that reads from column 0 (beside rows that share nothing) reads its shared
     columns there anyway: it leaves its group and reads its own copy (``starts`` updated in place). The rest stay,
     the source row too where it left (it still holds the columns); a grouped row in a segment that starts later than
@@ -455,7 +455,7 @@ def _drop_unread_sharing(segments: list[tuple[int, int, int, int]], starts: list
             starts[row] = 0
         if rows:
             kept.append(SharedColumns(group.source, group.columns, rows))
-    return segments, kept
+    return kept
 
 
 def attention_with_lse(query: Any, key: Any, value: Any, mask: Any, scaling: float | None) -> tuple[Any, Any]:
