@@ -333,8 +333,7 @@ def _relative(entity: str, player: Any, cell: Any) -> list[str]:
     return out
 
 
-def _state_thought_frozen_lake(ctx: TurnContext) -> str:
-    base = ctx.env.unwrapped
+def _state_thought_frozen_lake(base: Any) -> str:
     view = base.state_view()
     player, goal = view["player"], view["goal"]
     sentences = [f"I am at ({player[0]}, {player[1]}), the goal at ({goal[0]}, {goal[1]})."]
@@ -343,17 +342,17 @@ def _state_thought_frozen_lake(ctx: TurnContext) -> str:
     return " ".join(sentences)
 
 
-def _state_thought_sokoban(ctx: TurnContext) -> str:
-    view = ctx.env.unwrapped.state_view()
+def _state_thought_sokoban(base: Any) -> str:
+    view = base.state_view()
     player = view["player"]
     return (f"I am at ({player[0]}, {player[1]}). Boxes at {_cells(view['boxes'])}. "
             f"Targets at {_cells(view['targets'])}.")
 
 
-#: Env family -> the state thought ``ctx -> text``: where the player, the goal or the boxes are, and (FrozenLake) where
+#: Env family -> the state thought ``unwrapped env -> text``: where the player, the goal or the boxes are, and (FrozenLake) where
 #: the goal lies and which moves lead into a hole. Every sentence is a claim the env's ``check_reasoning`` recognises
 #: and supports; none names the move to make.
-STATE_THOUGHTS: dict[str, Callable[[TurnContext], str]] = {
+STATE_THOUGHTS: dict[str, Callable[[Any], str]] = {
     "FrozenLake": _state_thought_frozen_lake,
     "Sokoban": _state_thought_sokoban,
 }
@@ -364,7 +363,7 @@ def state_thought(ctx: TurnContext) -> str:
     make = STATE_THOUGHTS.get(env_family(ctx.env_id))
     if make is None:
         raise ValueError(f"no state thought for env {ctx.env_id}; known env families: {sorted(STATE_THOUGHTS)}")
-    return make(ctx)
+    return make(ctx.env.unwrapped)
 
 
 

@@ -16,12 +16,15 @@ import grid_perception as gp
 
 
 def test_boards_are_the_envs_and_renderings_differ_only_by_spaces():
-    rows, cell = gp.board(5)
+    rows, cell, thought = gp.board(5)
     assert rows[cell[0]][cell[1]] == "P" and len(rows) == 4 and all(len(r) == 4 for r in rows)
     reference, spaced = gp.render(rows, "reference"), gp.render(rows, "spaced")
     assert reference.splitlines() == rows and spaced.replace(" ", "") == reference
     assert spaced.splitlines()[cell[0]].split(" ")[cell[1]] == "P"
-    assert gp.question(rows, "spaced")[0]["content"].endswith(gp.QUESTION)
+    assert gp.question(rows, "spaced")[0]["content"].endswith(gp.QUESTIONS["player"])
+    assert thought.startswith(f"I am at ({cell[0]}, {cell[1]}), the goal at (")  # the warm-up's state thought
+    assert gp.answer((rows, cell, thought), "state") == thought and gp.answer((rows, cell, thought), "player") == (
+        f"({cell[0]}, {cell[1]})")
     with pytest.raises(ValueError, match="rendering"):
         gp.render(rows, "pixels")
     assert len({tuple(gp.board(s)[0]) for s in range(20)}) > 10  # the seeds give different boards
@@ -46,3 +49,15 @@ def test_a_run_on_the_tiny_model_writes_its_table(tmp_path, tiny_model_dir, caps
     assert "| spaced | after |" in out_md.read_text(encoding="utf-8") and "| spaced | before |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         gp.main(["--train", "0"])
+
+
+def test_the_state_task_saves_a_model_the_warm_up_can_start_from(tmp_path, tiny_model_dir):
+    save = tmp_path / "perception"
+    argv = ["--model", tiny_model_dir, "--renderings", "spaced", "--task", "state", "--train", "3", "--test", "2",
+            "--epochs", "1", "--batch-size", "2", "--save", str(save), "--json", str(tmp_path / "p.json")]  # fmt: skip
+    assert gp.main(argv) == 0
+    result = json.loads((tmp_path / "p.json").read_text(encoding="utf-8"))["results"][0]
+    assert result["task"] == "state" and 0 <= result["after"]["whole_answer"] <= 1
+    assert (save / "config.json").is_file() and any(save.glob("*.safetensors"))
+    model, _ = gp.load_model_and_tokenizer(str(save), dtype="float32", device="cpu")
+    assert model.config.vocab_size > 0
