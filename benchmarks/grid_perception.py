@@ -123,7 +123,7 @@ def score(model: Any, tokenizer: Any, boards: list[Board], rendering: str, task:
 
 
 def run(model_name: str | None, rendering: str, *, train: int, test: int, epochs: int, lr: float, batch_size: int,
-        task: str = "player", save: str = "", progress: bool = True) -> dict[str, Any]:  # fmt: skip
+        task: str = "player", save: str = "", seed: int = 0, progress: bool = True) -> dict[str, Any]:  # fmt: skip
     """One rendering: the model scored before and after SFT on ``train`` boards (saved to ``save`` when given)."""
     model, tokenizer = load_model_and_tokenizer(model_name, dtype="float32", device="cpu")
     held_out = [board(s) for s in range(test)]
@@ -131,7 +131,7 @@ def run(model_name: str | None, rendering: str, *, train: int, test: int, epochs
     train_boards = [board(TRAIN_SEED_BASE + i) for i in range(train)]
     chats = [question(b[0], rendering, task) + [{"role": "assistant", "content": answer(b, task)}] for b in train_boards]
     started = time.perf_counter()
-    losses = supervised_warmup(model, tokenizer, chats, epochs=epochs, lr=lr, batch_size=batch_size,
+    losses = supervised_warmup(model, tokenizer, chats, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
                                progress=progress, activation_checkpointing=False)  # fmt: skip
     train_seconds = round(time.perf_counter() - started, 1)
     after = score(model, tokenizer, held_out, rendering, task)
@@ -165,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--task", choices=sorted(QUESTIONS), default="player",
                    help="player: where is P?; state: the state thought (default player)")
     p.add_argument("--save", default="", help="save the fine-tuned model (of the last rendering) to this folder")
+    p.add_argument("--resume", action="store_true",
+                   help="do nothing when --save already holds a saved model (a finished perception stage)")
+    p.add_argument("--seed", type=int, default=0, help="the SFT's shuffling seed (default 0)")
     p.add_argument("--train", type=int, default=512, help="training boards (default 512)")
     p.add_argument("--test", type=int, default=128, help="held-out boards (default 128)")
     p.add_argument("--epochs", type=int, default=2, help="SFT epochs (default 2)")
@@ -177,11 +180,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("train", "test", "epochs", "batch_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.resume and not args.save:
+        p.error("--resume needs --save")
+    if args.resume and (Path(args.save) / "config.json").is_file():
+        print(f"{args.save} already holds a saved model: the perception stage is done", file=sys.stderr)
+        return 0
     torch.set_num_threads(args.threads)
     results = []
     for rendering in args.renderings:
         result = run(args.model, rendering, train=args.train, test=args.test, epochs=args.epochs, lr=args.lr,
-                     batch_size=args.batch_size, task=args.task,
+                     batch_size=args.batch_size, task=args.task, seed=args.seed,
                      save=args.save if rendering == args.renderings[-1] else "")  # fmt: skip
         results.append(result)
         print(f"{rendering}: exact {result['before']['exact']:.3f} -> {result['after']['exact']:.3f} "

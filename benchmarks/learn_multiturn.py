@@ -32,6 +32,7 @@ from benchmarks.run_queue import Job, parse_queue_args, queue_parser, run_finish
 from ragen_trainer.monitor import read_metrics
 
 #: Env name -> (env id, the generalisation splits validated during training).
+HERE = Path(__file__).resolve().parent
 ENVS: dict[str, tuple[str, tuple[str, ...]]] = {
     "frozenlake": ("ragen/FrozenLake-v0", ()),
     "sokoban": ("ragen/Sokoban-v0", ("ragen/SokobanLarge-v0", "ragen/SokobanNewVocab-v0", "ragen/FrozenLake-v0")),
@@ -62,9 +63,15 @@ TRAIN_FIELDS: dict[str, str] = {
 #: cause at a time, as ``benchmarks/sweep_bandit.py``'s ``algo``): the vanilla presets at the same learning rate, from the
 #: same warm-up, each making one update a step on all 32 trajectories (``keep1`` is StarPO-S's side of it: only the
 #: filter differs between ``keep1`` and ``base``). ``config`` names the preset (``starpo-s`` when absent).
+#: ``perceive-state`` is ``mixed-state`` after a *perception stage* (:data:`PERCEPTION_VARIANTS`) and on the grid
+#: written one token per cell (FrozenLake's ``cell_separator=" "``, not the paper's rendering): the ``mixed-state``
+#: warm-ups wrote one and the same (false) state in every state, while SFT on the state alone, with short answers,
+#: teaches SmolLM2 to read the board (``benchmarks/grid_perception.py``, docs/learning/grid-perception.md).
+SPACED = '{cell_separator: " "}'
 VARIANTS: dict[str, dict[str, str]] = {
     "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "mixed-state": {"max_new_tokens": "96"},
     "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"},
+    "perceive-state": {"max_new_tokens": "96", "env_kwargs": SPACED},
 }
 #: The warm-up (docs/reproduction.md's CPU scale).
 WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
@@ -72,6 +79,14 @@ WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
 WARMUP_VARIANTS: dict[str, dict[str, str]] = {
     "mixed": {"agent": "mixed", "oracle-share": "0.5", "episodes": "64"},
     "mixed-state": {"agent": "mixed", "oracle-share": "0.5", "think": "state", "episodes": "128"},
+    "perceive-state": {"agent": "mixed", "oracle-share": "0.5", "think": "state", "episodes": "128",
+                       "env-kwargs": SPACED},
+}
+#: Variants whose warm-up starts from a perception stage: ``benchmarks/grid_perception.py``'s arguments (FrozenLake
+#: only); the stage saves its model beside the warm-up (``<warm-up folder>-perception``) and the warm-up starts there.
+PERCEPTION_VARIANTS: dict[str, dict[str, str]] = {
+    "perceive-state": {"task": "state", "renderings": "spaced", "train": "1024", "test": "128", "epochs": "2",
+                       "threads": "1"},
 }
 
 
@@ -92,11 +107,19 @@ def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -
             warmup_fields = {**WARMUP_FIELDS, **WARMUP_VARIANTS.get(variant, {})}
             warmup = [sys.executable, "-m", "ragen_trainer.warmup", "--env", env_id, "--seed", str(seed),
                       "--out", str(warm)] + [a for k, v in warmup_fields.items() for a in (f"--{k}", v)]
+            stages = [warmup]
+            if variant in PERCEPTION_VARIANTS:
+                seen = warm.with_name(warm.name + "-perception")
+                stages = [[sys.executable, str(HERE / "grid_perception.py"), "--seed", str(seed), "--save", str(seen),
+                           "--resume", "--json", f"{seen}.json", "--md", f"{seen}.md"]
+                          + [a for k, v in PERCEPTION_VARIANTS[variant].items() for a in (f"--{k}", v)],
+                          warmup + ["--model", str(seen)]]  # fmt: skip
             train = ["ragen-trainer", "train", "--config", preset, "--env", env_id, "--model", str(warm),
                      "--seed", str(seed), "--output_dir", str(folder), "--report_to", "[console, jsonl]",
                      "--val_envs", "[" + ", ".join(splits) + "]"]
             train += [a for k, v in {**fields, "val_every": str(VAL_EVERY[env])}.items() for a in (f"--{k}", v)]
-            out.append(Job(f"{folder.parent.name}/seed{seed}", folder, [warmup, train], done=partial(run_finished, folder, STEPS)))
+            out.append(Job(f"{folder.parent.name}/seed{seed}", folder, [*stages, train],
+                           done=partial(run_finished, folder, STEPS)))
     return out
 
 

@@ -13,6 +13,8 @@ player in place (an ineffective action).
 
 Observation: the grid, one row per line, one symbol per cell: ``P`` player, ``_`` frozen, ``O`` hole, ``G`` goal,
 ``X`` player in a hole, ``√`` player on the goal. Positions in prompts and claims are ``(row, col)`` from the top-left.
+The reference writes a row's symbols with nothing between them (``P__O``), which a BPE tokenizer merges (``__``), so a
+cell's column is not a token position; ``cell_separator=" "`` writes ``P _ _ O`` instead (one token per cell).
 
 Rewards: ``1`` on reaching the goal, else ``0``.
 
@@ -24,6 +26,7 @@ Arguments:
     p: probability that a tile of a random map is frozen (0 < p <= 1; reference 0.8).
     is_slippery: whether moves can slip (reference True).
     success_rate: probability of moving in the intended direction on a slippery lake (0..1; reference 1/3).
+    cell_separator: text between a row's cells in the observation: ``""`` (the reference's) or ``" "``.
     map_name: ``"4x4"`` or ``"8x8"``: gymnasium's fixed maps; overrides ``size`` and ``p``.
     desc: a fixed map as rows of ``S`` (start), ``F`` (frozen), ``H`` (hole), ``G`` (goal), like gymnasium's ``desc``.
     render_mode: ``None``, ``"ansi"`` (the text grid) or ``"rgb_array"`` (a picture, 32 px per cell).
@@ -56,6 +59,9 @@ MAPS: dict[str, list[str]] = {
         "FFFHFFFG",
     ],
 }
+
+#: ``cell_separator`` values: the reference's rows (``""``) or one space between cells.
+CELL_SEPARATORS: tuple[str, ...] = ("", " ")
 
 LEFT, DOWN, RIGHT, UP = 0, 1, 2, 3
 ACTIONS: tuple[str, ...] = ("Left", "Down", "Right", "Up")  # gymnasium's action order
@@ -278,6 +284,7 @@ class FrozenLakeEnv(BaseTextEnv):
         *,
         is_slippery: bool = True,
         success_rate: float = 1.0 / 3.0,
+        cell_separator: str = "",
         map_name: str | None = None,
         desc: Sequence[str] | None = None,
         render_mode: str | None = None,
@@ -297,6 +304,7 @@ class FrozenLakeEnv(BaseTextEnv):
             success_rate,
             "a probability in [0, 1]",
         )
+        check_arg(cell_separator in CELL_SEPARATORS, "cell_separator", cell_separator, f"one of {CELL_SEPARATORS}")
         check_arg(
             map_name is None or (isinstance(map_name, str) and map_name in MAPS),
             "map_name",
@@ -309,6 +317,7 @@ class FrozenLakeEnv(BaseTextEnv):
         self.p = float(p)
         self.is_slippery = is_slippery
         self.success_rate = float(success_rate) if is_slippery else 1.0
+        self.cell_separator = cell_separator
         self.map_name = map_name
         self._fixed = parse_desc(MAPS[map_name] if map_name is not None else desc) if (map_name or desc) else None
         # Slip thresholds on one uniform draw: [0, a) intended, [a, b) the next direction counter-clockwise
@@ -340,15 +349,19 @@ class FrozenLakeEnv(BaseTextEnv):
             "Reward: 1 for reaching the goal, else 0. Falling into a hole ends the game."
         )
 
+    def _drawn_rows(self) -> list[str]:
+        """The map's rows with the player drawn in, one symbol per cell and nothing between them."""
+        r, c = self._pos
+        symbol = {"playing": PLAYER, "hole": PLAYER_IN_HOLE, "goal": PLAYER_ON_GOAL}[self._status]
+        rows = list(self._rows)
+        rows[r] = rows[r][:c] + symbol + rows[r][c + 1 :]
+        return rows
+
     def state_text(self) -> str:
         key = (self._pos, self._status)
         text = self._texts.get(key)
         if text is None:  # at most 3 * size * size variants per map: cache them
-            r, c = self._pos
-            symbol = {"playing": PLAYER, "hole": PLAYER_IN_HOLE, "goal": PLAYER_ON_GOAL}[self._status]
-            rows = list(self._rows)
-            rows[r] = rows[r][:c] + symbol + rows[r][c + 1 :]
-            text = "\n".join(rows)
+            text = "\n".join(self.cell_separator.join(row) for row in self._drawn_rows())
             self._texts[key] = text
         return text
 
@@ -358,7 +371,7 @@ class FrozenLakeEnv(BaseTextEnv):
             "player": [self._pos[0], self._pos[1]],
             "goal": [self._goal[0], self._goal[1]],
             "holes": [list(h) for h in self._holes],
-            "grid": self.state_text().split("\n"),
+            "grid": self._drawn_rows(),
             "status": self._status,
             "slippery": self.is_slippery,
             "success_rate": self.success_rate,

@@ -61,3 +61,7 @@ def test_the_state_task_saves_a_model_the_warm_up_can_start_from(tmp_path, tiny_
     assert (save / "config.json").is_file() and any(save.glob("*.safetensors"))
     model, _ = gp.load_model_and_tokenizer(str(save), dtype="float32", device="cpu")
     assert model.config.vocab_size > 0
+    stamp = (save / "config.json").stat().st_mtime_ns
+    assert gp.main(argv + ["--resume"]) == 0 and (save / "config.json").stat().st_mtime_ns == stamp  # done: skipped
+    with pytest.raises(SystemExit):
+        gp.main(["--resume"])  # nothing to resume into

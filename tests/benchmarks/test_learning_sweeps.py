@@ -158,3 +158,17 @@ def test_the_echo_trap_variants_change_only_the_preset(tmp_path):
         rest = [a for i, a in enumerate(train) if i not in (train.index("--config") + 1, train.index("--output_dir") + 1)]
         assert rest == [a for i, a in enumerate(base.commands[1])
                         if i not in (base.commands[1].index("--config") + 1, base.commands[1].index("--output_dir") + 1)]
+
+
+def test_the_perceive_state_variant_perceives_then_warms_up_and_trains_on_the_spaced_grid(tmp_path):
+    job = learn_multiturn.jobs(tmp_path, ["frozenlake"], [1], "perceive-state")[0]
+    perceive, warm, train = job.commands
+    seen = str(tmp_path / "warmup" / "frozenlake-perceive-state-seed1-perception")
+    assert perceive[1].endswith("grid_perception.py") and perceive[perceive.index("--save") + 1] == seen
+    assert "--resume" in perceive and perceive[perceive.index("--task") + 1] == "state"
+    assert perceive[perceive.index("--renderings") + 1] == "spaced" and perceive[perceive.index("--seed") + 1] == "1"
+    assert warm[warm.index("--model") + 1] == seen and warm[warm.index("--think") + 1] == "state"
+    assert warm[warm.index("--env-kwargs") + 1] == train[train.index("--env_kwargs") + 1] == '{cell_separator: " "}'
+    assert train[train.index("--model") + 1] == str(tmp_path / "warmup" / "frozenlake-perceive-state-seed1")
+    assert job.folder == tmp_path / "frozenlake-perceive-state" / "seed1"
+    assert "--env_kwargs" not in learn_multiturn.jobs(tmp_path, ["frozenlake"], [1], "mixed-state")[0].commands[1]

@@ -165,6 +165,24 @@ def test_rendering_ansi_and_rgb():
     assert ansi.render() == ansi.unwrapped.state_text()
 
 
+def test_cell_separator_spaces_the_observation_and_nothing_else():
+    plain = gym.make("ragen/FrozenLake-v0", is_slippery=False)
+    spaced = gym.make("ragen/FrozenLake-v0", is_slippery=False, cell_separator=" ")
+    for seed in range(5):
+        plain.reset(seed=seed)
+        spaced.reset(seed=seed)
+        for move in ("Down", "Right", "Up"):
+            a, b = plain.unwrapped, spaced.unwrapped
+            assert b.state_text() == "\n".join(" ".join(row) for row in a.state_text().split("\n"))
+            assert a.state_view() == b.state_view()  # the structured view is the same: cells, not text
+            plain.step(move)
+            spaced.step(move)
+    spaced.reset(seed=0)
+    protocol = gym.make("ragen/FrozenLake-v0", cell_separator=" ", max_turns=1)
+    obs, _ = protocol.reset(seed=0)
+    assert spaced.unwrapped.state_text() in obs  # the agent's prompt carries the spaced grid
+
+
 def test_state_view_is_structured_and_json_serialisable():
     env = FrozenLakeEnv(map_name="4x4")
     env.reset(seed=0)
@@ -227,6 +245,8 @@ def test_parse_desc_and_bad_arguments():
         ({"desc": "SFFG"}, "desc"),
         ({"desc": ["SF", "FG"], "map_name": "4x4"}, "desc"),
         ({"render_mode": "human"}, "render_mode"),
+        ({"cell_separator": "|"}, "cell_separator"),
+        ({"cell_separator": None}, "cell_separator"),
     ]:
         with pytest.raises(ValueError, match=f"invalid argument {name}="):
             gym.make("ragen/FrozenLake-v0", **kwargs)
