@@ -121,7 +121,7 @@ PATHS = ("hf", "hf-unshared", "hf-before", "vllm", "generate")
 LABELS = {"hf": "hf (ragen HFEngine)", "hf-unshared": "hf, no shared attention",
           "hf-before": "hf, before (no packing/prefixes)", "vllm": "vllm (colocate)",
           "generate": "plain generate"}
-#: HFEngine's options per path: ``hf-before`` is the engine without the two speed-ups of issue 34 (MKL-packed linear
+#: HFEngine's options per path: ``hf-before`` is the engine without the two speed-ups of issue 34 (oneDNN-packed linear
 #: weights, one encoding of the prompts' shared head), so a run shows their gain side by side; ``hf-unshared`` is the
 #: engine without shared ("cascade") decode attention, every row reading its own copy of the columns it shares.
 HF_OPTIONS: dict[str, dict[str, Any]] = {"hf": {}, "hf-unshared": {"share_attention": False},

@@ -98,6 +98,7 @@ from ragen_trainer.evaluation.agents import ORACLES, format_reply, state_thought
 from ragen_trainer.evaluation.metrics import env_family
 from ragen_trainer.models import is_default_model, load_model_and_tokenizer
 from ragen_trainer.rollout import ChatTokens
+from ragen_trainer.safe_yaml import load_yaml
 
 DEFAULT_ENV = "ragen/FrozenLake-v0"
 SUPPORTED_FAMILIES = ("FrozenLake", "Sokoban")
@@ -205,14 +206,16 @@ def think_text(mode: str, oracle_think: str, ctx: Any = None) -> str:
     return mode
 
 
-def build_cases(tokenizer: Any, env_id: str, states: int, think: str = "empty") -> tuple[list[StateCase], dict]:
-    """The first turn of ``env_id`` after ``reset(seed=s)`` for ``s`` in ``0 .. states-1``; also the env's settings."""
+def build_cases(tokenizer: Any, env_id: str, states: int, think: str = "empty",
+                env_kwargs: dict[str, Any] | None = None) -> tuple[list[StateCase], dict]:  # fmt: skip
+    """The first turn of ``env_id`` (made with ``env_kwargs``) after ``reset(seed=s)`` for ``s`` in
+    ``0 .. states-1``; also the env's settings."""
 
     family = env_family(env_id)
     if family not in SUPPORTED_FAMILIES:
         raise ValueError(f"--env {env_id}: supported env families are {SUPPORTED_FAMILIES}")
     chat = ChatTokens(tokenizer)
-    env = gym.make(env_id)
+    env = gym.make(env_id, **(env_kwargs or {}))
     try:
         protocol: TurnProtocol = find_protocol(env)
         settings = protocol.settings
@@ -405,8 +408,8 @@ def model_source(name: str | None) -> str | None:
     return None if name is None or is_default_model(name) else name
 
 
-def own_thinking(model: Any, tokenizer: Any, env_id: str, cases: list[StateCase], max_new_tokens: int
-                 ) -> dict[str, Any]:  # fmt: skip
+def own_thinking(model: Any, tokenizer: Any, env_id: str, cases: list[StateCase], max_new_tokens: int,
+                 env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """What the model writes itself on each state's first turn (greedy, up to ``max_new_tokens``, stopped at
     ``</answer>``): whether the reply parses, what its thinking claims about the board (the env's own
     ``check_reasoning``: supported / contradicted claims), and whether its first action is optimal. A warm-up meant to
@@ -415,7 +418,7 @@ def own_thinking(model: Any, tokenizer: Any, env_id: str, cases: list[StateCase]
     engine = HFEngine(model, tokenizer, batch_size=len(cases) or 1)
     params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, stop=("</answer>",))
     results = engine.generate([c.prompt_ids for c in cases], params)
-    env = gym.make(env_id)
+    env = gym.make(env_id, **(env_kwargs or {}))
     try:
         protocol = find_protocol(env)
         settings = protocol.settings
@@ -447,13 +450,14 @@ def own_thinking(model: Any, tokenizer: Any, env_id: str, cases: list[StateCase]
 
 
 def evaluate_model(model: Any, tokenizer: Any, env_id: str, states: int, *, think: str = "empty",
-                   batch_states: int = 8, progress: Any = None, own_tokens: int = 0) -> dict[str, Any]:  # fmt: skip
+                   batch_states: int = 8, progress: Any = None, own_tokens: int = 0,
+                   env_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Every state's numbers and their summary for one loaded model (``own_tokens`` > 0: also :func:`own_thinking`)."""
-    cases, env_settings = build_cases(tokenizer, env_id, states, think)
+    cases, env_settings = build_cases(tokenizer, env_id, states, think, env_kwargs)
     scores = score_cases(model, cases, batch_states=batch_states, progress=progress)
     rows = [state_metrics(c, s) for c, s in zip(cases, scores)]
     return {
-        "own_thinking": own_thinking(model, tokenizer, env_id, cases, own_tokens) if own_tokens > 0 else None,
+        "own_thinking": own_thinking(model, tokenizer, env_id, cases, own_tokens, env_kwargs) if own_tokens > 0 else None,
         "summary": summarize(rows),
         "states": rows,
         "env": env_settings,
@@ -551,6 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--labels", nargs="+", default=None, help="one label per model (default: the folder names)")
     p.add_argument("--env", default=DEFAULT_ENV, help=f"env id (FrozenLake or Sokoban family; default {DEFAULT_ENV})")
+    p.add_argument("--env-kwargs", default="{}",
+                   help="env keyword arguments as YAML, as the warm-up's (e.g. '{cell_separator: \" \"}')")
     p.add_argument("--states", type=int, default=64, help="initial states: seeds 0 .. N-1 (default 64)")
     p.add_argument(
         "--think", default="empty",
@@ -582,13 +588,20 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error(f"--labels: {len(args.labels)} labels for {len(models)} models")
     if args.states < 1:
         build_parser().error("--states must be >= 1")
+    try:
+        env_kwargs = load_yaml(args.env_kwargs, "--env-kwargs")
+        if not isinstance(env_kwargs, dict):
+            raise TypeError(f"expected a mapping such as '{{size: 4}}', got {type(env_kwargs).__name__}")
+        gym.make(args.env, **env_kwargs).close()
+    except (ValueError, TypeError) as error:
+        build_parser().error(f"--env-kwargs {args.env_kwargs!r}: {error}")
     import torch
     from tqdm import tqdm
 
 
     torch.set_num_threads(max(1, args.threads))
     labels = args.labels or [default_label(m) for m in models]
-    settings = {"env": args.env, "states": args.states, "think": args.think, "own_thinking": args.own_thinking,
+    settings = {"env": args.env, "env_kwargs": env_kwargs, "states": args.states, "think": args.think, "own_thinking": args.own_thinking,
                 "batch_states": args.batch_states,
                 "threads": args.threads, "dtype": "float32", "device": "cpu"}  # fmt: skip
     result: dict[str, Any] = {
@@ -605,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         with tqdm(total=args.states, desc=label, file=sys.stderr, disable=args.no_progress) as bar:
             entry = evaluate_model(model, tokenizer, args.env, args.states, think=args.think,
                                    batch_states=args.batch_states, progress=bar,
-                                   own_tokens=args.own_thinking)  # fmt: skip
+                                   own_tokens=args.own_thinking, env_kwargs=env_kwargs)  # fmt: skip
         entry = {"label": label, "model": name, "seconds": round(time.perf_counter() - t0, 2), **entry}
         result["models"].append(entry)
         result["settings"].setdefault("example_continuation", next(iter(entry["continuation_text"].values()), ""))

@@ -10,6 +10,7 @@ import math
 import sys
 from pathlib import Path
 
+import gymnasium as gym
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -257,3 +258,23 @@ def test_cli_two_models_json_and_markdown(tmp_path, tiny_model_dir, capsys):
         assert "share(optimal)" in text and "uniform policy" in text and "most preferred" in text
     assert "| a | 3 |" in md and "| b | 3 |" in md
     assert "What each model writes itself" in md and a["own_thinking"]["states"] == 3
+
+
+def test_cli_env_kwargs_reach_the_prompts_and_bad_ones_are_refused(tmp_path, tiny_model_dir, tokenizer, capsys):
+    out_json = tmp_path / "o.json"
+    argv = [tiny_model_dir, "--states", "2", "--json", str(out_json), "--threads", "1", "--no-progress",
+            "--own-thinking", "2", "--env-kwargs", '{cell_separator: " "}']  # fmt: skip
+    assert ol.main(argv) == 0
+    result = json.loads(out_json.read_text(encoding="utf-8"))
+    assert result["settings"]["env_kwargs"] == {"cell_separator": " "}
+    spaced = gym.make(FL, cell_separator=" ")
+    spaced.reset(seed=0)
+    (plain,), _ = ol.build_cases(tokenizer, FL, 1)
+    (wide,), _ = ol.build_cases(tokenizer, FL, 1, env_kwargs={"cell_separator": " "})
+    assert spaced.unwrapped.state_text() in tokenizer.decode(wide.prompt_ids)  # the spaced grid is in the prompt
+    assert spaced.unwrapped.state_text() not in tokenizer.decode(plain.prompt_ids)
+    assert result["models"][0]["prompt_tokens"] == [len(wide.prompt_ids), result["models"][0]["prompt_tokens"][1]]
+    for bad in ("{cell_separator: '|'}", "[1, 2]", "{nope: 1}"):
+        with pytest.raises(SystemExit):
+            ol.main([tiny_model_dir, "--states", "1", "--env-kwargs", bad])
+        assert "--env-kwargs" in capsys.readouterr().err

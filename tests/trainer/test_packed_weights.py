@@ -1,5 +1,6 @@
-"""MKL-packed linear weights while an HFEngine session samples: the same floats as ``F.linear``, packed once for a run
-of sessions on a model in eval mode, repacked where a weight changed, nothing kept for a model in training mode."""
+"""oneDNN-packed linear weights while an HFEngine session samples: the products of ``F.linear`` up to float rounding
+(float32) or the same (bfloat16), at any row count, packed once for a run of sessions on a model in eval mode,
+repacked where a weight changed, nothing kept for a model in training mode."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.hf import HFEngine, packed_weights
 from ragen_trainer.engines.hf.packed_weights import PackedWeights, can_pack
 
-pytestmark = pytest.mark.skipif(not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear"),
-                                reason="torch built without MKL: nothing is packed")  # fmt: skip
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"),
+    reason="torch built without oneDNN: nothing is packed",
+)
 
 
 def _model():
@@ -20,18 +23,42 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.ReLU(), torch.nn.Linear(40, 8, bias=False))
 
 
-def test_packed_layers_give_the_floats_of_f_linear_and_give_their_forward_back():
+@pytest.mark.parametrize("rows", [1, 5, 8, 13, 32, 33])
+def test_packed_layers_give_the_products_of_f_linear_at_any_row_count_and_give_their_forward_back(rows):
     model = _model()
-    x = torch.randn(5, 24)
+    x = torch.randn(rows, 24)
     with torch.no_grad():
         expected = model(x)
         packed = PackedWeights(model)
         got = model(x)
-    assert packed.packed == 2 and torch.equal(got, expected)
+        batched = model(x.reshape(1, rows, 24))  # a [batch, tokens, features] input, as the decoder's
+    assert packed.packed == 2 and got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(batched[0], got)
     with torch.enable_grad():  # the packed product has no backward: with gradients on, F.linear runs
         assert model(x.requires_grad_()).requires_grad
     packed.restore()
     assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.skipif(not torch.ops.mkldnn._is_mkldnn_bf16_supported(), reason="this CPU has no oneDNN bfloat16")
+def test_a_bfloat16_model_is_packed_and_gives_the_same_products():
+    model = _model().to(torch.bfloat16)
+    x = torch.randn(7, 24, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = model(x)
+        packed = PackedWeights(model)
+        got = model(x)
+    assert packed.packed == 2 and got.dtype == torch.bfloat16 and torch.equal(got, expected)
+    with torch.no_grad(), pytest.raises(RuntimeError):
+        model(x.float())  # another dtype than the pack's goes to F.linear, which refuses it as it did unpacked
+    packed.restore()
+
+
+def test_layers_of_other_dtypes_or_devices_are_left_alone_and_can_pack_says_so():
+    model = _model().to(torch.float16)
+    assert PackedWeights(model).packed == 0 and not can_pack(model)
+    assert can_pack(_model()) and not can_pack(torch.nn.ReLU())
 
 
 def test_a_model_in_eval_mode_is_packed_once_and_a_changed_weight_again():
@@ -46,7 +73,8 @@ def test_a_model_in_eval_mode_is_packed_once_and_a_changed_weight_again():
         model[0].weight.add_(0.5)  # an in-place write (an optimizer step, load_state_dict) bumps the version
         plain = torch.nn.functional.linear(x, model[0].weight, model[0].bias)
         changed = PackedWeights(model, keep=True)
-        assert changed.packed == 1 and torch.equal(model[0](x), plain)  # the new weight, not the stale pack
+        assert changed.packed == 1  # the new weight, not the stale pack
+        torch.testing.assert_close(model[0](x), plain, rtol=1e-5, atol=1e-5)
     changed.restore()
     PackedWeights(model, keep=False).restore()  # not kept: the next session packs everything
     assert PackedWeights(model, keep=True).packed == 2
@@ -56,8 +84,8 @@ def test_sessions_keep_packs_only_for_a_model_in_eval_mode(tiny_model, tiny_toke
     if not can_pack(tiny_model):
         pytest.skip("the tiny model is not a float32 CPU model")
     calls = []
-    reorder = torch.ops.mkl._mkl_reorder_linear_weight
-    monkeypatch.setattr(packed_weights.torch.ops.mkl, "_mkl_reorder_linear_weight",
+    reorder = torch.ops.mkldnn._reorder_linear_weight
+    monkeypatch.setattr(packed_weights.torch.ops.mkldnn, "_reorder_linear_weight",
                         lambda w, hint: calls.append(1) or reorder(w, hint), raising=False)  # fmt: skip
     params = SamplingParams(temperature=0, max_new_tokens=3)
     prompt = [[1, 2, 3, 4]]

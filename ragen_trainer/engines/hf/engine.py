@@ -26,10 +26,11 @@ class HFEngine(ModelEngine):
             finishes beyond it is not parked (its episode re-encodes its next prompt in full).
         prefill_tokens: most new prompt tokens encoded together in one packed forward pass (memory vs. speed; a
             longer prompt runs alone).
-        pack_weights: multiply by MKL-packed copies of the linear weights while a session is open (the same floats,
-            faster on a CPU; a second copy of the weights in memory meanwhile, kept between sessions for a model in
-            eval mode and reused while its weights are unchanged); ``None``: when the model is float32 on a CPU and
-            ``torch`` has MKL (:func:`~ragen_trainer.engines.hf.packed_weights.can_pack`).
+        pack_weights: multiply by oneDNN-packed copies of the linear weights while a session is open (the same
+            products up to float rounding, faster on a CPU at any batch size; a second copy of the weights in memory
+            meanwhile, kept between sessions for a model in eval mode and reused while its weights are unchanged);
+            ``None``: when the model is float32 or bfloat16 on a CPU and ``torch`` has oneDNN
+            (:func:`~ragen_trainer.engines.hf.packed_weights.can_pack`).
         share_prefixes: encode the common head of distinct prompts admitted together once (the system prompt and the
             rules every state of an env starts with) and reuse it, as a parked cache is reused; ``False`` encodes
             every distinct prompt in full.

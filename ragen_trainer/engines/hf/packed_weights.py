@@ -1,19 +1,26 @@
-"""Linear layers with pre-packed weights while a session samples (CPU, float32): the same products, faster.
+"""Linear layers with pre-packed weights while a session samples (CPU, float32 or bfloat16): the same products, faster.
 
 A decode step multiplies a few dozen rows by every weight matrix of the model. At that size a plain ``F.linear``
-spends much of its time re-laying out the weight for the CPU's vector units on every call; MKL can lay a weight out
-once (``cblas_sgemm_pack``) and multiply by the packed copy afterwards, which ``torch`` exposes as
-``torch.ops.mkl._mkl_reorder_linear_weight`` / ``torch.ops.mkl._mkl_linear`` (what ``torch.compile``'s CPU backend
-uses for frozen linear weights). Measured on this project's 2-core CPU, one thread: a ``[32, 576] x [576, 1536]``
-product 577 -> 398 us, the ``[32, 576] x [576, 49152]`` language-model head 26.9 -> 19.7 ms; the results are the
-same floats as ``F.linear``'s (both run MKL's sgemm; tests check it on the machine at hand).
+spends much of its time re-laying out the weight for the CPU's vector units on every call; oneDNN can lay a weight out
+once (``torch.ops.mkldnn._reorder_linear_weight``) and multiply by the packed copy afterwards
+(``torch.ops.mkldnn._linear_pointwise``: what ``torch.compile``'s CPU backend uses for frozen linear weights). Any
+number of rows multiplies by the packed copy, so a decode batch that shrinks as replies finish (27 rows, then 19, ...)
+keeps the fast path. Measured on this project's 2-core CPU, one thread (docs/rollouts.md): a ``[13, 576] x [576,
+1536]`` product 650 -> 261 us, the ``[8, 576] x [576, 49152]`` language-model head 26.4 -> 10.8 ms; in bfloat16 (this
+CPU's AVX512-BF16) 1.2-1.5x too.
 
-:class:`PackedWeights` packs every float32 ``nn.Linear`` of a model on the CPU when a session opens (the weights
-are the live ones: a training step between sessions is picked up by the next pack) and gives the layers back when it
-closes. A pack costs about as much as one decode step and holds a second copy of the weights while the session is
-open. A call with gradients on (the packed product has no backward) or under ``torch.autocast`` (autocast's dtype
-rules apply there) falls back to ``F.linear``; a model that is not float32 on a CPU, or a ``torch`` built without
-MKL, is not packed at all.
+MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, used here before) is as fast at exactly the row count it was packed
+for and silently falls back to the plain product at every other one: at batch 8 and in every shrinking batch the
+packs did nothing. oneDNN sums in another order than MKL's ``sgemm``: float32 results differ from ``F.linear``'s by
+float rounding (about 1e-6 relative); bfloat16 results are the same (tests check both on the machine at hand). The
+training pass never sees a packed product: the old-log-prob pass recomputes the rollout's log-probabilities.
+
+:class:`PackedWeights` packs every float32 / bfloat16 ``nn.Linear`` of a model on the CPU when a session opens (the
+weights are the live ones: a training step between sessions is picked up by the next pack) and gives the layers back
+when it closes. A pack costs about as much as one decode step and holds a second copy of the weights while the session
+is open. A call with gradients on (the packed product has no backward), under ``torch.autocast`` (autocast's dtype
+rules apply there) or with an input of another dtype falls back to ``F.linear``; a model on another device, in
+another dtype, or a ``torch`` built without oneDNN is not packed at all.
 
 Packs kept between sessions (``keep=True``: a model in eval mode, as evaluation and benchmarks use it): the packed
 copies stay with the model after a session closes and the next session reuses each one whose weight is unchanged (the
@@ -29,8 +36,11 @@ from weakref import WeakKeyDictionary
 
 import torch
 
-#: The batch-size hint MKL packs for (any number of rows multiplies correctly by the packed weight).
+#: The row-count hint oneDNN lays a weight out for (any number of rows multiplies by the packed weight, at the same
+#: speed for 8 or 32 rows: measured).
 PACK_ROWS_HINT = 32
+#: The weight dtypes packed: oneDNN's float32 and (where the CPU has it) bfloat16 products.
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 #: A weight as it was packed: the tensor, its storage address and its version counter.
 Fingerprint = tuple[torch.Tensor, int, int]
@@ -39,21 +49,27 @@ _kept: WeakKeyDictionary[Any, dict[torch.nn.Linear, tuple[Fingerprint, torch.Ten
 
 
 def can_pack(model: Any) -> bool:
-    """Whether :class:`PackedWeights` speeds up ``model``: float32 weights on a CPU and a ``torch`` with MKL."""
+    """Whether :class:`PackedWeights` speeds up ``model``: float32 (or, on a CPU with bfloat16 support, bfloat16)
+    weights on a CPU and a ``torch`` with oneDNN."""
     try:
         parameter = next(model.parameters())
     except StopIteration:
         return False
     return (
         parameter.device.type == "cpu"
-        and parameter.dtype == torch.float32
-        and torch.backends.mkl.is_available()
-        and hasattr(torch.ops.mkl, "_mkl_linear")
+        and _packable(parameter.dtype)
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
 
+def _packable(dtype: torch.dtype) -> bool:
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 class PackedWeights:
-    """Every float32 ``nn.Linear`` of ``model`` multiplies by an MKL-packed copy of its weight until :meth:`restore`.
+    """Every float32 / bfloat16 ``nn.Linear`` of ``model`` multiplies by a oneDNN-packed copy of its weight until
+    :meth:`restore`.
 
     The layers keep their parameters (gradients, state dicts and ``named_parameters`` see nothing new); only the
     instance's ``forward`` is replaced, and :meth:`restore` removes it again. ``keep``: leave the packed copies with
@@ -68,13 +84,14 @@ class PackedWeights:
         if not keep:
             kept = {}
         for module in model.modules():
-            if isinstance(module, torch.nn.Linear) and module.weight.dtype == torch.float32 and not module.weight.is_meta:
+            weight = module.weight if isinstance(module, torch.nn.Linear) else None
+            if weight is not None and weight.device.type == "cpu" and _packable(weight.dtype) and not weight.is_meta:
                 fingerprint = _fingerprint(module.weight)
                 old = kept.get(module)
                 if old is not None and old[0][0] is module.weight and old[0][1:] == fingerprint[1:]:
                     copy = old[1]
                 else:
-                    copy = torch.ops.mkl._mkl_reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
+                    copy = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), PACK_ROWS_HINT)
                     self.packed += 1
                 self.copies[module] = (fingerprint, copy)
                 module.forward = _packed_forward(module, copy)  # type: ignore[method-assign]
@@ -96,12 +113,12 @@ def _fingerprint(weight: torch.Tensor) -> Fingerprint:
 
 
 def _packed_forward(module: torch.nn.Linear, packed: torch.Tensor) -> Any:
-    weight = module.weight.detach()
     bias = module.bias.detach() if module.bias is not None else None
+    dtype = packed.dtype
 
     def forward(inputs: torch.Tensor) -> torch.Tensor:
-        if inputs.dtype != torch.float32 or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
+        if inputs.dtype != dtype or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
             return torch.nn.functional.linear(inputs, module.weight, module.bias)
-        return torch.ops.mkl._mkl_linear(inputs, packed, weight, bias, PACK_ROWS_HINT)
+        return torch.ops.mkldnn._linear_pointwise(inputs, packed, bias, "none", [None], "")
 
     return forward
