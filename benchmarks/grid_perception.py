@@ -54,7 +54,9 @@ from ragen_trainer.rollout import ChatTokens
 from ragen_trainer.warmup import supervised_warmup
 
 ENV_ID = "ragen/FrozenLake-v0"
-RENDERINGS = ("reference", "spaced")
+#: Rendering -> FrozenLake's ``cell_separator`` that writes it (the env's own option, so that a model trained here
+#: sees the grid as the env with that option shows it).
+RENDERINGS: dict[str, str] = {"reference": "", "spaced": " "}
 QUESTIONS = {
     "player": "Where is the player P? Answer with its cell as (row, col), counting from 0 at the top-left.",
     "state": ("Describe the state: your cell and the goal's as (row, col), counting from 0 at the top-left, where the "
@@ -88,7 +90,7 @@ def answer(b: Board, task: str) -> str:
 def render(rows: list[str], rendering: str) -> str:
     if rendering not in RENDERINGS:
         raise ValueError(f"rendering {rendering!r}: expected one of {list(RENDERINGS)}")
-    return "\n".join(" ".join(row) if rendering == "spaced" else row for row in rows)
+    return "\n".join(RENDERINGS[rendering].join(row) for row in rows)
 
 
 def question(rows: list[str], rendering: str, task: str = "player") -> list[dict[str, str]]:

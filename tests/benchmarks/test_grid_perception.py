@@ -21,6 +21,10 @@ def test_boards_are_the_envs_and_renderings_differ_only_by_spaces():
     reference, spaced = gp.render(rows, "reference"), gp.render(rows, "spaced")
     assert reference.splitlines() == rows and spaced.replace(" ", "") == reference
     assert spaced.splitlines()[cell[0]].split(" ")[cell[1]] == "P"
+    for rendering, separator in gp.RENDERINGS.items():  # what the env itself shows with that option
+        env = gp.gym.make(gp.ENV_ID, cell_separator=separator)
+        env.reset(seed=5)
+        assert gp.render(rows, rendering) == env.unwrapped.state_text()
     assert gp.question(rows, "spaced")[0]["content"].endswith(gp.QUESTIONS["player"])
     assert thought.startswith(f"I am at ({cell[0]}, {cell[1]}), the goal at (")  # the warm-up's state thought
     assert gp.answer((rows, cell, thought), "state") == thought and gp.answer((rows, cell, thought), "player") == (
