@@ -114,6 +114,13 @@ def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -
                            "--resume", "--json", f"{seen}.json", "--md", f"{seen}.md"]
                           + [a for k, v in PERCEPTION_VARIANTS[variant].items() for a in (f"--{k}", v)],
                           warmup + ["--model", str(seen)]]  # fmt: skip
+            if warmup_fields.get("think") == "state":  # check the warm-up before RL: does it write true thoughts?
+                check = [sys.executable, str(HERE / "oracle_logprob.py"), str(warm), "--env", env_id,
+                         "--think", "state", "--own-thinking", "96", "--states", "64", "--no-progress", "--resume",
+                         "--json", f"{warm}-check.json", "--md", f"{warm}-check.md"]  # fmt: skip
+                if "env-kwargs" in warmup_fields:
+                    check += ["--env-kwargs", warmup_fields["env-kwargs"]]
+                stages.append(check)
             train = ["ragen-trainer", "train", "--config", preset, "--env", env_id, "--model", str(warm),
                      "--seed", str(seed), "--output_dir", str(folder), "--report_to", "[console, jsonl]",
                      "--val_envs", "[" + ", ".join(splits) + "]"]

@@ -571,6 +571,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="write the full result (per-state numbers included) here")
     p.add_argument("--md", default=None, help="write the table as Markdown here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--resume", action="store_true",
+                   help="do nothing when --json already exists (a pipeline stage that has run)")
     return p
 
 
@@ -583,6 +585,11 @@ def default_label(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.resume and not args.json:
+        build_parser().error("--resume needs --json")
+    if args.resume and Path(args.json).is_file():
+        print(f"{args.json} exists: the check has run", file=sys.stderr)
+        return 0
     models = list(args.models) or ["smollm2"]
     if args.labels is not None and len(args.labels) != len(models):
         build_parser().error(f"--labels: {len(args.labels)} labels for {len(models)} models")

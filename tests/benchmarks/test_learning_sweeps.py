@@ -125,7 +125,10 @@ def test_the_mixed_variant_warms_up_on_the_mixed_agent_into_its_own_folder(tmp_p
     assert train[train.index("--model") + 1] == str(tmp_path / "warmup" / "frozenlake-mixed-seed2")
     assert mixed.folder == tmp_path / "frozenlake-mixed" / "seed2"
     state = learn_multiturn.jobs(tmp_path, ["frozenlake"], [2], "mixed-state")[0]
-    warm, train = state.commands
+    warm, check, train = state.commands  # the warm-up is checked before RL
+    assert check[1].endswith("oracle_logprob.py") and check[2] == str(tmp_path / "warmup" / "frozenlake-mixed-state-seed2")
+    assert check[check.index("--own-thinking") + 1] == "96" and "--resume" in check and "--env-kwargs" not in check
+    assert len(mixed.commands) == 2  # a fixed-thought warm-up has no state thought to check
     assert warm[warm.index("--think") + 1] == "state" and warm[warm.index("--episodes") + 1] == "128"
     assert warm[warm.index("--out") + 1] == str(tmp_path / "warmup" / "frozenlake-mixed-state-seed2")
     assert train[train.index("--max_new_tokens") + 1] == "96"  # the state thinking's longest reply is 65 tokens
@@ -162,7 +165,7 @@ def test_the_echo_trap_variants_change_only_the_preset(tmp_path):
 
 def test_the_perceive_state_variant_perceives_then_warms_up_and_trains_on_the_spaced_grid(tmp_path):
     job = learn_multiturn.jobs(tmp_path, ["frozenlake"], [1], "perceive-state")[0]
-    perceive, warm, train = job.commands
+    perceive, warm, check, train = job.commands
     seen = str(tmp_path / "warmup" / "frozenlake-perceive-state-seed1-perception")
     assert perceive[1].endswith("grid_perception.py") and perceive[perceive.index("--save") + 1] == seen
     assert "--resume" in perceive and perceive[perceive.index("--task") + 1] == "state"
@@ -170,5 +173,6 @@ def test_the_perceive_state_variant_perceives_then_warms_up_and_trains_on_the_sp
     assert warm[warm.index("--model") + 1] == seen and warm[warm.index("--think") + 1] == "state"
     assert warm[warm.index("--env-kwargs") + 1] == train[train.index("--env_kwargs") + 1] == '{cell_separator: " "}'
     assert train[train.index("--model") + 1] == str(tmp_path / "warmup" / "frozenlake-perceive-state-seed1")
+    assert check[check.index("--env-kwargs") + 1] == '{cell_separator: " "}'  # checked on the grid it trained on
     assert job.folder == tmp_path / "frozenlake-perceive-state" / "seed1"
     assert "--env_kwargs" not in learn_multiturn.jobs(tmp_path, ["frozenlake"], [1], "mixed-state")[0].commands[1]

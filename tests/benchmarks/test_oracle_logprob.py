@@ -274,6 +274,10 @@ def test_cli_env_kwargs_reach_the_prompts_and_bad_ones_are_refused(tmp_path, tin
     assert spaced.unwrapped.state_text() in tokenizer.decode(wide.prompt_ids)  # the spaced grid is in the prompt
     assert spaced.unwrapped.state_text() not in tokenizer.decode(plain.prompt_ids)
     assert result["models"][0]["prompt_tokens"] == [len(wide.prompt_ids), result["models"][0]["prompt_tokens"][1]]
+    stamp = out_json.stat().st_mtime_ns
+    assert ol.main(argv + ["--resume"]) == 0 and out_json.stat().st_mtime_ns == stamp  # has run: skipped
+    with pytest.raises(SystemExit):
+        ol.main([tiny_model_dir, "--resume"])  # nothing to tell whether it ran
     for bad in ("{cell_separator: '|'}", "[1, 2]", "{nope: 1}"):
         with pytest.raises(SystemExit):
             ol.main([tiny_model_dir, "--states", "1", "--env-kwargs", bad])
