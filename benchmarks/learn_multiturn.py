@@ -90,6 +90,11 @@ PERCEPTION_VARIANTS: dict[str, dict[str, str]] = {
 }
 
 
+def applies(env: str, variant: str) -> bool:
+    """Whether ``variant`` trains on ``env`` (a perception stage is FrozenLake's only)."""
+    return variant not in PERCEPTION_VARIANTS or env == "frozenlake"
+
+
 def run_folder(root: Path, env: str, seed: int, variant: str = "base") -> Path:
     """Where a run trains: ``<root>/<env>/seed<N>`` for the base configuration, ``<root>/<env>-<variant>/...``."""
     return root / (env if variant == "base" else f"{env}-{variant}") / f"seed{seed}"
@@ -100,6 +105,9 @@ def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -
     fields = {**TRAIN_FIELDS, **VARIANTS[variant]}
     preset = fields.pop("config", "starpo-s")
     for env in envs:
+        if not applies(env, variant):
+            raise ValueError(f"--variant {variant} trains on FrozenLake only (its perception stage reads FrozenLake "
+                             f"grids); got --envs {env}")
         env_id, splits = ENVS[env]
         for seed in seeds:
             folder = run_folder(root, env, seed, variant)
@@ -171,6 +179,8 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
               "(95 % CI) | gain (95 % CI) |"), "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     pooled: dict[tuple[str, str, str], list[tuple[int, float, float]]] = {}
     for env, variant, seed in itertools.product(envs, variants, seeds):
+        if not applies(env, variant):
+            continue
         folder = run_folder(root, env, seed, variant)
         vals = validations(folder)
         if not vals:
@@ -218,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_queue_args(parser, argv)
     console = Console()
     root = Path(args.out)
-    queue = jobs(root, args.envs, args.seeds, args.variant)
+    try:
+        queue = jobs(root, args.envs, args.seeds, args.variant)
+    except ValueError as error:
+        parser.error(str(error))
     if args.action == "list":
         for job in queue:
             for command in job.commands:

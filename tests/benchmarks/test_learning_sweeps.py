@@ -175,4 +175,8 @@ def test_the_perceive_state_variant_perceives_then_warms_up_and_trains_on_the_sp
     assert train[train.index("--model") + 1] == str(tmp_path / "warmup" / "frozenlake-perceive-state-seed1")
     assert check[check.index("--env-kwargs") + 1] == '{cell_separator: " "}'  # checked on the grid it trained on
     assert job.folder == tmp_path / "frozenlake-perceive-state" / "seed1"
-    assert "--env_kwargs" not in learn_multiturn.jobs(tmp_path, ["frozenlake"], [1], "mixed-state")[0].commands[1]
+    assert "--env_kwargs" not in learn_multiturn.jobs(tmp_path, ["frozenlake"], [1], "mixed-state")[0].commands[2]
+    with pytest.raises(ValueError, match="FrozenLake only"):
+        learn_multiturn.jobs(tmp_path, ["sokoban"], [1], "perceive-state")
+    table = learn_multiturn.report(tmp_path, ["frozenlake", "sokoban"], [1], tmp_path / "r.md", ("perceive-state",))
+    assert "| frozenlake | perceive-state | 1 |" in table and "| sokoban | perceive-state" not in table
