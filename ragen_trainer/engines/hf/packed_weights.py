@@ -1,4 +1,5 @@
-"""Linear layers with pre-packed weights while a session samples (CPU, float32 or bfloat16): the same products, faster.
+"""Linear layers with pre-packed weights while a session samples (CPU, float32 or bfloat16): the same products up to
+float rounding, faster.
 
 A decode step multiplies a few dozen rows by every weight matrix of the model. At that size a plain ``F.linear``
 spends much of its time re-laying out the weight for the CPU's vector units on every call; oneDNN can lay a weight out
@@ -64,7 +65,8 @@ def can_pack(model: Any) -> bool:
 
 
 def _packable(dtype: torch.dtype) -> bool:
-    return dtype == torch.float32 or (dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    # bfloat16 only where oneDNN has bf16 kernels for this CPU (AVX512-BF16 / AMX).
+    return dtype in PACKED_DTYPES and (dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedWeights:
