@@ -10,6 +10,9 @@ Paths (``--paths``), each in a resident worker process of its own:
   ``--kv-cache-gib`` (2). Whether prefix caching was on is read back from the engine's config and reported;
 * ``hf-unshared``: the ``hf`` engine with ``share_attention=False``: every row reads its own copy of the columns it
   shares with others (before shared "cascade" decode attention), for its before / after in one run;
+* ``hf-transformers``: the ``hf`` engine with ``direct_decode=False``: decode steps through ``transformers``' forward
+  instead of straight over the model's modules (:mod:`ragen_trainer.engines.hf.direct_decode`), for its before / after
+  in one run;
 * ``hf-before``: the same engine with ``pack_weights=False, share_prefixes=False``: as it was before those two
   speed-ups, for a before / after in one run;
 * ``generate``: one batched ``model.generate`` (left-padded, sampling at temperature 1, ``min_new_tokens`` =
@@ -117,14 +120,17 @@ from ragen_trainer.engines.vllm import VLLMEngine, vllm_on_cpu
 from ragen_trainer.models import load_model_and_tokenizer, load_tokenizer, resolve_model_source
 from ragen_trainer.rollout import ChatTokens, collect_rollouts
 
-PATHS = ("hf", "hf-unshared", "hf-before", "vllm", "generate")
-LABELS = {"hf": "hf (ragen HFEngine)", "hf-unshared": "hf, no shared attention",
+PATHS = ("hf", "hf-transformers", "hf-unshared", "hf-before", "vllm", "generate")
+LABELS = {"hf": "hf (ragen HFEngine)", "hf-transformers": "hf, decode through transformers",
+          "hf-unshared": "hf, no shared attention",
           "hf-before": "hf, before (no packing/prefixes)", "vllm": "vllm (colocate)",
           "generate": "plain generate"}
 #: HFEngine's options per path: ``hf-before`` is the engine without the two speed-ups of issue 34 (oneDNN-packed linear
 #: weights, one encoding of the prompts' shared head), so a run shows their gain side by side; ``hf-unshared`` is the
-#: engine without shared ("cascade") decode attention, every row reading its own copy of the columns it shares.
-HF_OPTIONS: dict[str, dict[str, Any]] = {"hf": {}, "hf-unshared": {"share_attention": False},
+#: engine without shared ("cascade") decode attention, every row reading its own copy of the columns it shares;
+#: ``hf-transformers`` decodes through ``transformers``' forward instead of the direct step.
+HF_OPTIONS: dict[str, dict[str, Any]] = {"hf": {}, "hf-transformers": {"direct_decode": False},
+                                         "hf-unshared": {"share_attention": False},
                                          "hf-before": {"pack_weights": False, "share_prefixes": False}}
 DTYPES = ("float32", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
@@ -543,8 +549,9 @@ def choose_pythons(args: argparse.Namespace) -> dict[str, str | None]:
         if vllm_python is None:
             raise SystemExit(f"--hf-python venv: the vLLM Python is missing ({NOT_INSTALLED})")
         hf_python = vllm_python
-    return {"hf": hf_python, "hf-unshared": hf_python, "hf-before": hf_python, "generate": hf_python,
-            "vllm": vllm_python}
+    paths = {path: hf_python for path in PATHS}
+    paths["vllm"] = vllm_python
+    return paths
 
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:

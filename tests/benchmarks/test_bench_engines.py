@@ -68,6 +68,15 @@ def test_shared_attention_is_timed_beside_the_engine_without_it(tmp_path, tiny_m
     assert "| hf, no shared attention | float32 | 4 | training-step |" in md
 
 
+def test_direct_decode_is_timed_beside_decoding_through_transformers(tmp_path, tiny_model_dir):
+    result, md = _run(tmp_path, tiny_model_dir, "--paths", "hf", "hf-transformers", "--workloads", "first-turn",
+                      "--batches", "4")  # fmt: skip
+    rows = {r["path"]: r for r in result["rows"]}
+    assert rows["hf"]["status"] == rows["hf-transformers"]["status"] == "ok"
+    assert rows["hf"]["tokens"] == rows["hf-transformers"]["tokens"]
+    assert "| hf, decode through transformers | float32 | 4 | first-turn |" in md
+
+
 def test_every_round_is_written_as_it_is_timed(tmp_path, tiny_model_dir, monkeypatch):
     # A run stopped midway (its wall-clock limit) keeps the rounds it timed, marked incomplete.
     seen = []

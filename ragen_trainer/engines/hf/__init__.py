@@ -24,6 +24,9 @@ The package, one job per module (the split of small serving engines such as nano
 * :mod:`.cache` -- the batch cache (left-aligned rows, grown in chunks, never shifted) and the parked caches;
 * :mod:`.runner` -- the model's passes: packed prefill, decode steps attending by segments of rows, and the attention
   plans ragen's attention function follows;
+* :mod:`.direct_decode` -- a decode step straight over the modules of a Llama / Qwen2 model (the model's equations
+  without ``transformers``' forward: fewer calls, the same logits up to float rounding);
+* :mod:`.packed_weights` -- oneDNN-packed copies of the linear weights while a session is open (CPU);
 * :mod:`.sampler` -- per-request seeded sampling (temperature, top-k, top-p, greedy) and the log-probabilities;
 * :mod:`.transformers_api` -- everything the engine asks of ``transformers`` (attention interface, cache classes,
   support checks), tested on the lowest and the installed version.

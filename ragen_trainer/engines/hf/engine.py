@@ -9,6 +9,7 @@ import numpy as np
 from ragen_envs.core import check_arg
 from ragen_trainer.engines.base import GenerationRequest, GenerationResult, ModelEngine, SamplingParams
 from ragen_trainer.engines.hf import transformers_api
+from ragen_trainer.engines.hf.direct_decode import unsupported_reason
 from ragen_trainer.engines.hf.packed_weights import can_pack
 from ragen_trainer.engines.hf.scheduler import HFSession
 
@@ -38,6 +39,10 @@ class HFEngine(ModelEngine):
             prompt, the shared head) once per group of rows and merges by log-sum-exp ("cascade" attention,
             :class:`~ragen_trainer.engines.hf.runner.DecodePlan`); ``False`` reads every row's own copy. The same
             attention up to float rounding.
+        direct_decode: run decode steps straight over the model's modules, without ``transformers``' forward
+            (:mod:`~ragen_trainer.engines.hf.direct_decode`: the same arithmetic in fewer calls, equal up to float
+            rounding); ``None``: wherever the model is one it supports (Llama and Qwen2 families), ``True`` refuses a
+            model it does not support, ``False`` always decodes through ``transformers``.
     """
 
     supports_token_ids = True
@@ -56,6 +61,7 @@ class HFEngine(ModelEngine):
         pack_weights: bool | None = None,
         share_prefixes: bool = True,
         share_attention: bool = True,
+        direct_decode: bool | None = None,
     ) -> None:
         super().__init__(
             model, tokenizer, batch_size=batch_size, stop_token_ids=stop_token_ids, compute_logprobs=compute_logprobs
@@ -77,6 +83,14 @@ class HFEngine(ModelEngine):
         self.share_prefixes = share_prefixes
         check_arg(isinstance(share_attention, bool), "share_attention", share_attention, "True or False")
         self.share_attention = share_attention
+        check_arg(direct_decode in (None, True, False), "direct_decode", direct_decode, "True, False or None (auto)")
+        reason = unsupported_reason(model)
+        if direct_decode and reason is not None:
+            raise ValueError(
+                f"invalid argument direct_decode=True: the model cannot be decoded directly ({reason}); "
+                "use direct_decode=None (auto) or False"
+            )
+        self.direct_decode = reason is None if direct_decode is None else direct_decode
         self.pack_weights = can_pack(model) if pack_weights is None else bool(pack_weights and can_pack(model))
         #: Work done, for benchmarks and tests: tokens run through the model (prefill), tokens reused from a parked
         #: or shared cache, decode steps, rows decoded summed over steps, and the key columns decode attended to

@@ -36,6 +36,7 @@ import torch
 
 from ragen_trainer.engines.hf import transformers_api
 from ragen_trainer.engines.hf.cache import BatchCache, DecodeStep, ParkedCache, SharedColumns
+from ragen_trainer.engines.hf.direct_decode import DirectDecoder, bypassed_hooks
 from ragen_trainer.engines.hf.packed_weights import PackedWeights
 from ragen_trainer.engines.hf.transformers_api import CacheLayer
 
@@ -63,12 +64,17 @@ class PrefillJob:
 
 class ModelRunner:
     """Runs ``model``'s passes over a :class:`~ragen_trainer.engines.hf.cache.BatchCache` and counts the work in
-    ``stats`` (the engine's counters)."""
+    ``stats`` (the engine's counters). ``direct_decode``: decode steps run the model's modules directly
+    (:class:`~ragen_trainer.engines.hf.direct_decode.DirectDecoder`; the model must be one it supports) instead of
+    ``transformers``' forward, unless a module it would bypass has a forward hook (then the hook runs: the
+    ``transformers`` forward is used)."""
 
-    def __init__(self, model: Any, stats: dict[str, int], *, share_attention: bool = True) -> None:
+    def __init__(self, model: Any, stats: dict[str, int], *, share_attention: bool = True,
+                 direct_decode: bool = False) -> None:  # fmt: skip
         self.model = model
         self.stats = stats
         self.share_attention = share_attention
+        self.direct = DirectDecoder(model) if direct_decode and not bypassed_hooks(model) else None
         self.cache_keyword = transformers_api.cache_keyword(model)
         try:
             self.device = next(model.parameters()).device
@@ -144,18 +150,22 @@ class ModelRunner:
             groups = _drop_unread_sharing(segments, starts, groups)
         plan = DecodePlan(segments, held, starts, groups, cache.keys[0])
         step = cache.begin_step()
-        with _attending(plan):
-            out = self.model(
-                input_ids=inputs, position_ids=step.positions, attention_mask=step.mask, use_cache=True,
-                **{self.cache_keyword: transformers_api.cache_of([ColumnLayer(cache, i, step)
-                                                                  for i in range(len(cache.keys))])},
-            )  # fmt: skip
+        if self.direct is not None:
+            logits = self.direct.step(cache, inputs[:, 0], step, plan)
+        else:
+            with _attending(plan):
+                out = self.model(
+                    input_ids=inputs, position_ids=step.positions, attention_mask=step.mask, use_cache=True,
+                    **{self.cache_keyword: transformers_api.cache_of([ColumnLayer(cache, i, step)
+                                                                      for i in range(len(cache.keys))])},
+                )  # fmt: skip
+            logits = out.logits[:, -1, :]
         self.stats["decode_steps"] += 1
         self.stats["decoded_rows"] += len(last_tokens)
         self.stats["attended_columns"] += plan.columns_read()
         self.stats["cached_columns"] += sum(cache.lengths) + len(last_tokens)
         cache.end_step()
-        return out.logits[:, -1, :]
+        return logits
 
 
 # ---------------------------------------------------------------------------------------------------- the model lease

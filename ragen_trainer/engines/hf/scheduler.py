@@ -75,7 +75,9 @@ class HFSession(GenerationSession):
         self._stops = set(engine.stop_token_ids)
         self._stop_window = max((len(s) for s in params.stop), default=0) + 2  # tokens decoded to find a stop string
         self._sampler = Sampler(params, compute_logprobs=engine.compute_logprobs)
-        self._runner = ModelRunner(engine.model, engine.stats, share_attention=engine.share_attention)
+        self._runner = ModelRunner(
+            engine.model, engine.stats, share_attention=engine.share_attention, direct_decode=engine.direct_decode
+        )
         self._lease = ModelLease(engine.model, pack_weights=engine.pack_weights)
         self._closed = False
 
