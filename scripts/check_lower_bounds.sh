@@ -123,6 +123,7 @@ fi
   tests/trainer/test_ppo_updates.py \
   tests/trainer/test_hf_engine_cache.py \
   tests/trainer/test_hf_engine_reference.py \
+  tests/trainer/test_direct_decode.py \
   tests/trainer/test_hf_transformers_api.py \
   tests/trainer/test_critic.py \
   tests/trainer/test_checkpoint_portability.py \
