@@ -112,7 +112,7 @@ class DecodeStep:
     lengths: Any  # [rows] tokens each row held before the step (the column it writes)
     window: int  # columns attended: the longest row plus the new one
     positions: Any  # [rows, 1] the new tokens' positions (their rows' lengths)
-    mask: Any  # [rows, 1, 1, window] additive: 0 on a row's columns, the dtype's minimum on padding right of it
+    mask: Any  # [rows, 1, 1, window] additive: 0 on a row's columns, the dtype's minimum on padding right of it; or None
 
 
 class BatchCache:
@@ -214,16 +214,21 @@ class BatchCache:
                     self._groups.append(SharedColumns(rows[0], columns, rows))
         return self._groups
 
-    def begin_step(self) -> DecodeStep:
-        """Start a decode step (room is made for every row's next column)."""
+    def begin_step(self, *, mask: bool = True) -> DecodeStep:
+        """Start a decode step (room is made for every row's next column); ``mask=False`` leaves the step's padding
+        mask out (``None``: a pass that attends by its own plan does not read it)."""
         self.reserve(max(self.lengths))
         device, dtype = self.keys[0].device, self.keys[0].dtype
         lengths = torch.tensor(self.lengths, dtype=torch.long, device=device)
         window = max(self.lengths) + 1
-        padding = torch.arange(window, device=device)[None, :] > lengths[:, None]
-        mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(padding, torch.finfo(dtype).min)
+        padding_mask = None
+        if mask:
+            padding = torch.arange(window, device=device)[None, :] > lengths[:, None]
+            padding_mask = torch.zeros(padding.shape, dtype=dtype, device=device).masked_fill_(
+                padding, torch.finfo(dtype).min
+            )[:, None, None, :]
         rows = torch.arange(len(self.lengths), device=device)
-        return DecodeStep(rows, lengths, window, lengths.unsqueeze(1), mask[:, None, None, :])
+        return DecodeStep(rows, lengths, window, lengths.unsqueeze(1), padding_mask)
 
     def end_step(self) -> None:
         """Every row now holds its new token."""

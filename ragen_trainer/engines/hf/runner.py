@@ -149,7 +149,7 @@ class ModelRunner:
         if groups:
             groups = _drop_unread_sharing(segments, starts, groups)
         plan = DecodePlan(segments, held, starts, groups, cache.keys[0])
-        step = cache.begin_step()
+        step = cache.begin_step(mask=self.direct is None)  # the direct step attends by the plan alone
         if self.direct is not None:
             logits = self.direct.step(cache, inputs[:, 0], step, plan)
         else:
