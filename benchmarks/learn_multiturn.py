@@ -8,7 +8,7 @@ of each generalisation split (the paper's: Sokoban runs validate SokobanLarge, S
 ``run`` again after an interruption continues each unfinished run from its checkpoint.
 
     python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
-    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, ppo, grpo (VARIANTS)
+    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, perceive-state, perceive-state-keep1, ppo, grpo (VARIANTS)
     python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
     ragen-trainer plot runs/multiturn/frozenlake -o docs/learning/frozenlake.png
 
@@ -67,12 +67,18 @@ TRAIN_FIELDS: dict[str, str] = {
 #: written one token per cell (FrozenLake's ``cell_separator=" "``, not the paper's rendering): the ``mixed-state``
 #: warm-ups wrote one and the same (false) state in every state, while SFT on the state alone, with short answers,
 #: teaches SmolLM2 to read the board (``benchmarks/grid_perception.py``, docs/learning/grid-perception.md).
+#: ``perceive-state-keep1`` is ``perceive-state`` without the variance filter (as ``keep1`` is ``base``), from the same
+#: warm-up (:data:`SHARED_WARMUPS`): four times the trajectories an update, on a policy that reads the board.
 SPACED = '{cell_separator: " "}'
 VARIANTS: dict[str, dict[str, str]] = {
     "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "mixed-state": {"max_new_tokens": "96"},
     "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"},
     "perceive-state": {"max_new_tokens": "96", "env_kwargs": SPACED},
+    "perceive-state-keep1": {"max_new_tokens": "96", "env_kwargs": SPACED, "filter_ratio": "1.0"},
 }
+#: Variants that train from another variant's warm-up (its perception stage, warm-up and check, in its folders):
+#: only the RL differs between the two.
+SHARED_WARMUPS: dict[str, str] = {"perceive-state-keep1": "perceive-state"}
 #: The warm-up (docs/reproduction.md's CPU scale).
 WARMUP_FIELDS: dict[str, str] = {"episodes": "16", "epochs": "3", "lr": "1e-4"}
 #: Variants' changes to the warm-up; a variant listed here warms up into its own folder.
@@ -92,7 +98,7 @@ PERCEPTION_VARIANTS: dict[str, dict[str, str]] = {
 
 def applies(env: str, variant: str) -> bool:
     """Whether ``variant`` trains on ``env`` (a perception stage is FrozenLake's only)."""
-    return variant not in PERCEPTION_VARIANTS or env == "frozenlake"
+    return SHARED_WARMUPS.get(variant, variant) not in PERCEPTION_VARIANTS or env == "frozenlake"
 
 
 def run_folder(root: Path, env: str, seed: int, variant: str = "base") -> Path:
@@ -109,18 +115,19 @@ def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -
             raise ValueError(f"--variant {variant} trains on FrozenLake only (its perception stage reads FrozenLake "
                              f"grids); got --envs {env}")
         env_id, splits = ENVS[env]
+        start = SHARED_WARMUPS.get(variant, variant)  # the variant whose warm-up this one trains from
         for seed in seeds:
             folder = run_folder(root, env, seed, variant)
-            warm = root / "warmup" / (f"{env}-{variant}-seed{seed}" if variant in WARMUP_VARIANTS else f"{env}-seed{seed}")
-            warmup_fields = {**WARMUP_FIELDS, **WARMUP_VARIANTS.get(variant, {})}
+            warm = root / "warmup" / (f"{env}-{start}-seed{seed}" if start in WARMUP_VARIANTS else f"{env}-seed{seed}")
+            warmup_fields = {**WARMUP_FIELDS, **WARMUP_VARIANTS.get(start, {})}
             warmup = [sys.executable, "-m", "ragen_trainer.warmup", "--env", env_id, "--seed", str(seed),
                       "--out", str(warm)] + [a for k, v in warmup_fields.items() for a in (f"--{k}", v)]
             stages = [warmup]
-            if variant in PERCEPTION_VARIANTS:
+            if start in PERCEPTION_VARIANTS:
                 seen = warm.with_name(warm.name + "-perception")
                 stages = [[sys.executable, str(HERE / "grid_perception.py"), "--seed", str(seed), "--save", str(seen),
                            "--resume", "--json", f"{seen}.json", "--md", f"{seen}.md"]
-                          + [a for k, v in PERCEPTION_VARIANTS[variant].items() for a in (f"--{k}", v)],
+                          + [a for k, v in PERCEPTION_VARIANTS[start].items() for a in (f"--{k}", v)],
                           warmup + ["--model", str(seen)]]  # fmt: skip
             if warmup_fields.get("think") == "state":  # check the warm-up before RL: does it write true thoughts?
                 check = [sys.executable, str(HERE / "oracle_logprob.py"), str(warm), "--env", env_id,

@@ -180,3 +180,20 @@ def test_the_perceive_state_variant_perceives_then_warms_up_and_trains_on_the_sp
         learn_multiturn.jobs(tmp_path, ["sokoban"], [1], "perceive-state")
     table = learn_multiturn.report(tmp_path, ["frozenlake", "sokoban"], [1], tmp_path / "r.md", ("perceive-state",))
     assert "| frozenlake | perceive-state | 1 |" in table and "| sokoban | perceive-state" not in table
+
+
+def test_perceive_state_keep1_trains_from_the_perceive_state_warm_up_without_the_filter(tmp_path):
+    """Only the RL differs: the same perception stage, warm-up and check (same commands, same folders), then the same
+    training command with ``--filter_ratio 1.0``, into a folder of its own."""
+    shared = learn_multiturn.jobs(tmp_path, ["frozenlake"], [0], "perceive-state")[0]
+    job = learn_multiturn.jobs(tmp_path, ["frozenlake"], [0], "perceive-state-keep1")[0]
+    assert job.commands[:3] == shared.commands[:3]
+    train, base_train = job.commands[3], shared.commands[3]
+    assert train[train.index("--filter_ratio") + 1] == "1.0" and "--filter_ratio" not in base_train
+    out = train.index("--output_dir") + 1
+    assert train[out] == str(tmp_path / "frozenlake-perceive-state-keep1" / "seed0")
+    flag = train.index("--filter_ratio")
+    rest = [a for i, a in enumerate(train) if i not in (out, flag, flag + 1)]
+    assert rest == [a for i, a in enumerate(base_train) if i != out]
+    with pytest.raises(ValueError, match="FrozenLake only"):
+        learn_multiturn.jobs(tmp_path, ["sokoban"], [0], "perceive-state-keep1")
