@@ -161,6 +161,19 @@ def gain_interval(start: float, end: float, n: int, z: float = 1.96) -> tuple[fl
     return (end - start - z * se, end - start + z * se)
 
 
+def run_minutes(folder: Path) -> str:
+    """A run's wall-clock minutes as its summary records them; a resumed run's summary times only its last segment,
+    and says so ("44 since checkpoint-26"); "unfinished" without a summary (still training, or killed before it
+    could write one)."""
+    try:
+        summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        minutes = f"{summary['wall_seconds'] / 60:.0f}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unfinished"
+    resumed = summary.get("resumed_from") if isinstance(summary, dict) else None
+    return f"{minutes} since {Path(str(resumed)).name}" if resumed else minutes
+
+
 def validations(folder: Path) -> dict[int, dict[str, float]]:
     """``step -> {val key: value}`` of a run, its validation at step ``s`` being the policy after ``s`` steps."""
     out: dict[int, dict[str, float]] = {}
@@ -194,10 +207,7 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
             lines.append(f"| {env} | {variant} | {seed} | - | 0 | - | not run | - | - |")
             continue
         first, last = min(vals), max(vals)
-        try:
-            minutes = f"{json.loads((folder / 'summary.json').read_text())['wall_seconds'] / 60:.0f}"
-        except (OSError, ValueError, KeyError, TypeError):
-            minutes = "unfinished"  # no summary: still training, or killed before it could write one
+        minutes = run_minutes(folder)
         for key in sorted(vals[first]):
             if key not in vals[last]:
                 continue

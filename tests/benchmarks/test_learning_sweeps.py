@@ -197,3 +197,18 @@ def test_perceive_state_keep1_trains_from_the_perceive_state_warm_up_without_the
     assert rest == [a for i, a in enumerate(base_train) if i != out]
     with pytest.raises(ValueError, match="FrozenLake only"):
         learn_multiturn.jobs(tmp_path, ["sokoban"], [0], "perceive-state-keep1")
+
+
+def test_a_resumed_runs_minutes_say_they_time_its_last_segment_only(tmp_path):
+    folder = tmp_path / "frozenlake-perceive-state" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/success": 0.2}) + "\n")
+    summary = {"steps": 40, "interrupted": False, "wall_seconds": 2640, "final_validation": {"val/success": 0.25}}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert learn_multiturn.run_minutes(folder) == "44"
+    (folder / "summary.json").write_text(json.dumps({**summary, "resumed_from": str(folder / "checkpoint-26")}))
+    assert learn_multiturn.run_minutes(folder) == "44 since checkpoint-26"
+    table = learn_multiturn.report(tmp_path, ["frozenlake"], [0], tmp_path / "r.md", ("perceive-state",))
+    assert "| frozenlake | perceive-state | 0 | frozenlake | 40 | 44 since checkpoint-26 | 0.200" in table
+    (folder / "summary.json").write_text("{not json")
+    assert learn_multiturn.run_minutes(folder) == "unfinished"
