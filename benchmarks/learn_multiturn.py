@@ -70,11 +70,11 @@ TRAIN_FIELDS: dict[str, str] = {
 #: ``perceive-state-keep1`` is ``perceive-state`` without the variance filter (as ``keep1`` is ``base``), from the same
 #: warm-up (:data:`SHARED_WARMUPS`): four times the trajectories an update, on a policy that reads the board.
 SPACED = '{cell_separator: " "}'
+PERCEIVE_STATE = {"max_new_tokens": "96", "env_kwargs": SPACED}
 VARIANTS: dict[str, dict[str, str]] = {
     "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "mixed-state": {"max_new_tokens": "96"},
     "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"},
-    "perceive-state": {"max_new_tokens": "96", "env_kwargs": SPACED},
-    "perceive-state-keep1": {"max_new_tokens": "96", "env_kwargs": SPACED, "filter_ratio": "1.0"},
+    "perceive-state": PERCEIVE_STATE, "perceive-state-keep1": {**PERCEIVE_STATE, "filter_ratio": "1.0"},
 }
 #: Variants that train from another variant's warm-up (its perception stage, warm-up and check, in its folders):
 #: only the RL differs between the two.
@@ -98,7 +98,12 @@ PERCEPTION_VARIANTS: dict[str, dict[str, str]] = {
 
 def applies(env: str, variant: str) -> bool:
     """Whether ``variant`` trains on ``env`` (a perception stage is FrozenLake's only)."""
-    return SHARED_WARMUPS.get(variant, variant) not in PERCEPTION_VARIANTS or env == "frozenlake"
+    return warmup_of(variant) not in PERCEPTION_VARIANTS or env == "frozenlake"
+
+
+def warmup_of(variant: str) -> str:
+    """The variant whose perception stage, warm-up and check ``variant`` trains from (itself unless shared)."""
+    return SHARED_WARMUPS.get(variant, variant)
 
 
 def run_folder(root: Path, env: str, seed: int, variant: str = "base") -> Path:
@@ -115,7 +120,7 @@ def jobs(root: Path, envs: list[str], seeds: list[int], variant: str = "base") -
             raise ValueError(f"--variant {variant} trains on FrozenLake only (its perception stage reads FrozenLake "
                              f"grids); got --envs {env}")
         env_id, splits = ENVS[env]
-        start = SHARED_WARMUPS.get(variant, variant)  # the variant whose warm-up this one trains from
+        start = warmup_of(variant)
         for seed in seeds:
             folder = run_folder(root, env, seed, variant)
             warm = root / "warmup" / (f"{env}-{start}-seed{seed}" if start in WARMUP_VARIANTS else f"{env}-seed{seed}")
@@ -170,7 +175,7 @@ def run_minutes(folder: Path) -> str:
         minutes = f"{summary['wall_seconds'] / 60:.0f}"
     except (OSError, ValueError, KeyError, TypeError):
         return "unfinished"
-    resumed = summary.get("resumed_from") if isinstance(summary, dict) else None
+    resumed = summary.get("resumed_from")
     return f"{minutes} since {Path(str(resumed)).name}" if resumed else minutes
 
 
