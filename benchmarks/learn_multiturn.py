@@ -10,6 +10,7 @@ of each generalisation split (the paper's: Sokoban runs validate SokobanLarge, S
     python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
     python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, perceive-state, perceive-state-keep1, ppo, grpo (VARIANTS)
     python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
+                                                         # (runs it listed whose folders are gone: kept)
     ragen-trainer plot runs/multiturn/frozenlake -o docs/learning/frozenlake.png
 
 The learning rate is the Bandit sweep's (docs/sweeps/bandit.md: 5e-5 collapses the policy onto one reply, 1e-5 learns
@@ -196,10 +197,29 @@ def validations(folder: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+def earlier_rows(out_md: Path) -> dict[tuple[str, str, str], list[str]]:
+    """The rows of the report already in ``out_md``, per (env, variant, seed), of runs it lists as trained."""
+    try:
+        text = out_md.read_text(encoding="utf-8")
+    except OSError:
+        return {}
+    rows: dict[tuple[str, str, str], list[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 9 and cells[2].isdigit() and cells[6] != "not run":
+            rows.setdefault((cells[0], cells[1], cells[2]), []).append(line)
+    return rows
+
+
 def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants: tuple[str, ...] = ("base",)) -> str:
     """Every run's validation success at step 0 and at its last validation, per split, with Wilson intervals and the
     gain's interval; then, per env, variant and split whose seeds all finished :data:`STEPS` steps, the seeds pooled
-    (``3 x 128`` states at each end)."""
+    (``3 x 128`` states at each end).
+
+    A run whose folder is not under ``root`` but which ``out_md`` already lists (trained on another machine, or its
+    folder deleted) keeps its rows, and the table says so below: a report never drops a run it once listed."""
+    earlier = earlier_rows(out_md)
+    carried: list[str] = []
     lines = [("| env | variant | seed | split | steps | minutes | success at step 0 (95 % CI) | success at the end "
               "(95 % CI) | gain (95 % CI) |"), "|---|---|---:|---|---:|---:|---:|---:|---:|"]
     pooled: dict[tuple[str, str, str], list[tuple[int, float, float]]] = {}
@@ -208,6 +228,15 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
             continue
         folder = run_folder(root, env, seed, variant)
         vals = validations(folder)
+        if not vals and (env, variant, str(seed)) in earlier:
+            carried.append(f"{env}-{variant}/seed{seed}")
+            for line in earlier[env, variant, str(seed)]:
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if cells[4] == str(STEPS):
+                    pooled.setdefault((env, variant, cells[3]), []).append(
+                        (seed, float(cells[6].split()[0]), float(cells[7].split()[0])))
+                lines.append(line)
+            continue
         if not vals:
             lines.append(f"| {env} | {variant} | {seed} | - | 0 | - | not run | - | - |")
             continue
@@ -237,6 +266,9 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
         lines.append(f"| {env} | {variant} | pooled ({len(runs)} seeds) | {split} | {STEPS} | - | {a:.3f} "
                      f"({lo_a:.2f}-{hi_a:.2f}) | {b:.3f} ({lo_b:.2f}-{hi_b:.2f}) | {b - a:+.3f} ({g_lo:+.2f} to {g_hi:+.2f}) |")
     text = "\n".join(lines) + "\n"
+    if carried:
+        text += (f"\nCarried from the previous report (their folders are not under {root} on the machine that wrote "
+                 f"this one): {', '.join(carried)}.\n")
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text(text, encoding="utf-8")
     return text

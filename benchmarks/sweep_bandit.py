@@ -25,7 +25,8 @@ and summary stay): the sweep keeps curves, not models.
 
 ``report`` writes ``docs/sweeps/bandit.md`` (every run: validation success on Bandit at step 0 and at the end, the
 training success, the share of distinct replies and the reply entropy at the end, the step the replies collapsed)
-and ``docs/sweeps/bandit.json``; the figures are drawn with ``ragen-trainer plot``.
+and ``docs/sweeps/bandit.json``; the figures are drawn with ``ragen-trainer plot``. A run the report already lists
+whose folder is gone (a fresh machine) keeps its row, read back from ``bandit.json``, and the table says so.
 """
 
 from __future__ import annotations
@@ -178,8 +179,24 @@ def fmt(value: Any, spec: str = ".2f") -> str:
     return format(value, spec) if isinstance(value, (int, float)) else str(value)
 
 
+def earlier_summaries(out_json: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    """The finished runs that the report already in ``out_json`` lists, per (label, seed)."""
+    try:
+        earlier = json.loads(out_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    runs = earlier.get("runs") if isinstance(earlier, dict) else None
+    return {(r["label"], r["seed"]): r for r in runs or [] if isinstance(r, dict) and "label" in r and "seed" in r}
+
+
 def report(runs: list[Run], root: Path, out_md: Path, out_json: Path, console: Console) -> None:
-    rows = [summarise(r, root) for r in runs]
+    """Every finished run's row, and each configuration over its seeds. A run whose folder is not under ``root`` but
+    which ``out_json`` already lists (trained on another machine, or its folder deleted) keeps its summary from there,
+    and the table says so: a report never drops a run it once listed."""
+    earlier = earlier_summaries(out_json)
+    local = [summarise(r, root) for r in runs]
+    carried = [f"{r.label}/seed{r.seed}" for r, s in zip(runs, local) if s is None and (r.label, r.seed) in earlier]
+    rows = [s if s is not None else earlier.get((r.label, r.seed)) for r, s in zip(runs, local)]
     done = [r for r in rows if r is not None]
     missing = [f"{r.label}/seed{r.seed}" for r, s in zip(runs, rows) if s is None]
     lines = [("| run | seed | val success step 0 | val success end | train success (last 5) | format errors "
@@ -191,8 +208,8 @@ def report(runs: list[Run], root: Path, out_md: Path, out_json: Path, console: C
                      f"{fmt(r['unique_reply_share_last5'])} | {fmt(r['reply_entropy_last5'])} | "
                      f"{fmt(r['collapse_step'], 'd') if r['collapse_step'] is not None else '-'} | "
                      f"{fmt(r['minutes'], '.1f')} |")
-    summary = ["| run | seeds | val success step 0 | val success end: mean ± s.d. | each seed | seeds >= 0.9 | "
-               "distinct replies (last 5), mean |", "|---|---:|---:|---:|---|---:|---:|"]
+    summary = [("| run | seeds | val success step 0 | val success end: mean ± s.d. | each seed | seeds >= 0.9 | "
+                "distinct replies (last 5), mean |"), "|---|---:|---:|---:|---|---:|---:|"]
     for label in dict.fromkeys(r["label"] for r in done):
         group = [r for r in done if r["label"] == label]
         ends = [r["val_end"] for r in group if r["val_end"] is not None]
@@ -204,9 +221,12 @@ def report(runs: list[Run], root: Path, out_md: Path, out_json: Path, console: C
                        f"{fmt(sum(uniq) / len(uniq) if uniq else None)} |")
     out_md.parent.mkdir(parents=True, exist_ok=True)
     out_md.write_text("\n".join(summary) + "\n\nEvery run:\n\n" + "\n".join(lines) + "\n"
-                      + (f"\nNot finished: {', '.join(missing)}\n" if missing else ""), encoding="utf-8")
+                      + (f"\nNot finished: {', '.join(missing)}\n" if missing else "")
+                      + (f"\nCarried from the previous report (their folders are not under {root} on the machine that "
+                         f"wrote this one): {', '.join(carried)}\n" if carried else ""), encoding="utf-8")
     out_json.write_text(json.dumps({"steps": STEPS, "val_every": VAL_EVERY, "val_groups": VAL_GROUPS,
-                                    "base_args": list(BASE_ARGS), "runs": done, "not_finished": missing}, indent=1)
+                                    "base_args": list(BASE_ARGS), "runs": done, "not_finished": missing,
+                                    "carried": carried}, indent=1)
                         + "\n", encoding="utf-8")
     console.print("\n".join(summary + [""] + lines), markup=False)
     console.print(f"{len(done)} of {len(runs)} runs finished; table in {out_md}, data in {out_json}")

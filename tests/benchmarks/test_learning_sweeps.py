@@ -23,7 +23,8 @@ def test_the_sweep_varies_one_thing_at_a_time_and_trains_each_configuration_once
     assert len(runs) == len(labels) * 3 == len(set(runs))  # StarPO-S at 5e-5 is in every experiment, trained once
     command = next(r for r in runs if r.label == "ppo-lr5e-05").command(Path("root"))
     assert command[:4] == ["ragen-trainer", "train", "--config", "ppo"] and "--filter_ratio" not in command
-    assert {"--max_new_tokens", "8", "--env_groups", "4", "--group_size", "8"} <= set(command)  # the main job's
+    main_job = {"--max_new_tokens": "8", "--env_groups": "4", "--group_size": "8"}
+    assert {flag: command[command.index(flag) + 1] for flag in main_job} == main_job
     assert sweep_bandit.plan(["keep-1.0"], [0])[0].command(Path("r"))[-2:] == ["--filter_ratio", "1"]
 
 
@@ -42,11 +43,31 @@ def test_the_report_lists_every_run_and_each_configuration_over_its_seeds(tmp_pa
         if run.label != "starpo-s-lr2e-05" or run.seed == 0:  # one run unfinished
             _fake_run(run.folder(tmp_path / "runs"), run.seed, end)
     md, js = tmp_path / "bandit.md", tmp_path / "bandit.json"
-    sweep_bandit.report(runs, tmp_path / "runs", md, js, Console(file=open("/dev/null", "w")))
+    sweep_bandit.report(runs, tmp_path / "runs", md, js, Console(quiet=True))
     text = md.read_text()
     assert "| starpo-s-lr5e-05 | 2 | 0.03 | 0.50 ± 0.71 | 0.00, 1.00 | 1 | 0.10 |" in text
     assert "Not finished: starpo-s-lr2e-05/seed1" in text
     assert len(json.loads(js.read_text())["runs"]) == 7
+
+
+def test_a_sweep_report_keeps_the_runs_it_listed_whose_folders_are_gone(tmp_path):
+    """A report written where the runs' folders are not (a fresh machine, a deleted ``runs/``) carries the earlier
+    report's runs over, says so, and lets a run trained here replace its carried row."""
+    runs = sweep_bandit.plan(["lr"], [0])
+    for run, end in zip(runs, (0.0, 0.5, 1.0, 0.9)):
+        _fake_run(run.folder(tmp_path / "runs"), run.seed, end)
+    md, js = tmp_path / "bandit.md", tmp_path / "bandit.json"
+    quiet = Console(quiet=True)
+    sweep_bandit.report(runs, tmp_path / "runs", md, js, quiet)
+    before = md.read_text()
+    sweep_bandit.report(runs, tmp_path / "elsewhere", md, js, quiet)
+    after = md.read_text()
+    assert after.startswith(before.rstrip("\n")) and "Carried from the previous report" in after
+    assert len(json.loads(js.read_text())["carried"]) == 4 and len(json.loads(js.read_text())["runs"]) == 4
+    _fake_run(runs[0].folder(tmp_path / "elsewhere"), runs[0].seed, 1.0)  # trained again here: this run wins
+    sweep_bandit.report(runs, tmp_path / "elsewhere", md, js, quiet)
+    data = json.loads(js.read_text())
+    assert data["runs"][0]["val_end"] == 1.0 and runs[0].label + "/seed0" not in data["carried"]
 
 
 def _job(tmp_path: Path, name: str, code: str) -> Job:
@@ -58,7 +79,7 @@ def _job(tmp_path: Path, name: str, code: str) -> Job:
 def test_the_queue_runs_what_is_unfinished_and_counts_failures(tmp_path):
     ok = _job(tmp_path, "ok", "open({marker!r}, 'w').write('1')")
     bad = _job(tmp_path, "bad", "raise SystemExit(3)")
-    console = Console(file=open("/dev/null", "w"))
+    console = Console(quiet=True)
     assert run_jobs([ok, bad], 2, console) == 1
     assert ok.done() and not bad.done() and (tmp_path / "bad" / "train.log").is_file()
     again = _job(tmp_path, "ok", "raise SystemExit('must not run: already done')")
@@ -71,7 +92,7 @@ def test_a_job_runs_its_commands_in_order_and_stops_at_a_failure(tmp_path):
     first = [sys.executable, "-c", f"open({str(log)!r}, 'a').write('warm-up ')"]
     fail = [sys.executable, "-c", "raise SystemExit(1)"]
     train = [sys.executable, "-c", f"open({str(log)!r}, 'a').write('train')"]
-    console = Console(file=open("/dev/null", "w"))
+    console = Console(quiet=True)
     assert run_jobs([Job("two", folder, [first, train], done=partial(log.is_file))], 1, console) == 0
     assert log.read_text() == "warm-up train"
     log.unlink()
@@ -149,6 +170,28 @@ def test_finished_seeds_are_pooled_and_unfinished_ones_are_not(tmp_path):
     assert "| 0.300 " in pooled and "+0.150 (+0.08 to +0.22)" in pooled  # 256 states at each end
     table = learn_multiturn.report(tmp_path, ["frozenlake"], [0, 1, 2], tmp_path / "r.md")
     assert "pooled" not in table  # seed 2 stopped at step 20: no pooled row until every seed finished
+
+
+def test_a_multiturn_report_keeps_the_runs_it_listed_whose_folders_are_gone(tmp_path):
+    for seed, (start, end) in enumerate([(0.2, 0.3), (0.1, 0.3)]):
+        folder = tmp_path / "runs" / "frozenlake" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/success": start}) + "\n")
+        (folder / "summary.json").write_text(json.dumps({"steps": 40, "wall_seconds": 60,
+                                                         "final_validation": {"val/success": end}}))
+    md = tmp_path / "r.md"
+    before = learn_multiturn.report(tmp_path / "runs", ["frozenlake"], [0, 1], md)
+    after = learn_multiturn.report(tmp_path / "elsewhere", ["frozenlake"], [0, 1], md)
+    assert after.startswith(before.rstrip("\n"))  # every row and the pooled one, from the earlier table
+    assert after.count("pooled (2 seeds)") == 1 and "+0.150 (+0.08 to +0.22)" in after
+    assert "Carried from the previous report" in after and "frozenlake-base/seed1" in after
+    folder = tmp_path / "elsewhere" / "frozenlake" / "seed1"  # seed 1 trained again here: its new rows win
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/success": 0.5}) + "\n")
+    table = learn_multiturn.report(tmp_path / "elsewhere", ["frozenlake"], [0, 1, 2], md)
+    assert "| frozenlake | base | 1 | frozenlake | 0 | unfinished | 0.500" in table
+    assert "| frozenlake | base | 2 | - | 0 | - | not run |" in table
+    assert "frozenlake-base/seed0." in table and "base/seed1" not in table.split("Carried")[1]
 
 
 def test_the_echo_trap_variants_change_only_the_preset(tmp_path):
