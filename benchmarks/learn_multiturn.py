@@ -10,8 +10,11 @@ of each generalisation split (the paper's: Sokoban runs validate SokobanLarge, S
     python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
     python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, perceive-state, perceive-state-keep1, ppo, grpo (VARIANTS)
     python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
-                                                         # (runs it listed whose folders are gone: kept)
-    ragen-trainer plot runs/multiturn/frozenlake -o docs/learning/frozenlake.png
+    ragen-trainer plot docs/learning/runs/frozenlake -o docs/learning/frozenlake.png
+
+``run`` and ``report`` copy each run's curves, summary and settings into ``docs/learning/runs/`` (``--records``): the
+run folders under ``runs/`` belong to one machine, the records to the repository, so the table and the figures can be
+made again where the runs are gone (a fresh machine); a run listed in the table before records were kept keeps its rows.
 
 The learning rate is the Bandit sweep's (docs/sweeps/bandit.md: 5e-5 collapses the policy onto one reply, 1e-5 learns
 on every seed there); the rest is fixed here before any run, not tuned toward the paper.
@@ -22,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import shutil
 import sys
 from functools import partial
 from pathlib import Path
@@ -44,6 +48,8 @@ STEPS = 40
 VAL_EVERY: dict[str, int] = {"frozenlake": 10, "sokoban": 20}
 VAL_GROUPS = 128
 SEEDS = (0, 1, 2)
+#: A run's record, copied into the repository (``--records``) by :func:`keep_records`.
+RECORD_FILES = ("metrics.jsonl", "summary.json", "config.yaml")
 #: StarPO-S over its paper defaults: CPU-sized batches and replies, the sweep's learning rate.
 TRAIN_FIELDS: dict[str, str] = {
     "env_groups": "4", "group_size": "8", "max_new_tokens": "48", "actor_lr": "1e-5", "critic_lr": "1e-4",
@@ -197,6 +203,23 @@ def validations(folder: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+def keep_records(root: Path, records: Path, envs: list[str], seeds: list[int], variants: tuple[str, ...]) -> list[Path]:
+    """Copy each run's record (:data:`RECORD_FILES`: its curves, summary and settings, not its weights) from ``root``
+    to ``records``, a folder of the repository: ``runs/`` lives and dies with one machine, the records let the report
+    and the docs' figures (``ragen-trainer plot docs/learning/runs/...``) be made again anywhere. Returns the copies."""
+    copied = []
+    for env, variant, seed in itertools.product(envs, variants, seeds):
+        if not applies(env, variant) or not validations(source := run_folder(root, env, seed, variant)):
+            continue
+        target = run_folder(records, env, seed, variant)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in RECORD_FILES:
+            if (source / name).is_file():
+                shutil.copyfile(source / name, target / name)
+        copied.append(target)
+    return copied
+
+
 def earlier_rows(out_md: Path) -> dict[tuple[str, str, str], list[str]]:
     """The rows of the report already in ``out_md``, per (env, variant, seed), of runs it lists as trained."""
     try:
@@ -211,13 +234,15 @@ def earlier_rows(out_md: Path) -> dict[tuple[str, str, str], list[str]]:
     return rows
 
 
-def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants: tuple[str, ...] = ("base",)) -> str:
+def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants: tuple[str, ...] = ("base",),
+           records: Path | None = None) -> str:
     """Every run's validation success at step 0 and at its last validation, per split, with Wilson intervals and the
     gain's interval; then, per env, variant and split whose seeds all finished :data:`STEPS` steps, the seeds pooled
     (``3 x 128`` states at each end).
 
-    A run whose folder is not under ``root`` but which ``out_md`` already lists (trained on another machine, or its
-    folder deleted) keeps its rows, and the table says so below: a report never drops a run it once listed."""
+    A run whose folder is not under ``root`` is read from its record under ``records`` (:func:`keep_records`); one
+    with neither but which ``out_md`` already lists (trained on a machine before records were kept) keeps its rows,
+    and the table says so below: a report never drops a run it once listed."""
     earlier = earlier_rows(out_md)
     carried: list[str] = []
     lines = [("| env | variant | seed | split | steps | minutes | success at step 0 (95 % CI) | success at the end "
@@ -228,6 +253,9 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
             continue
         folder = run_folder(root, env, seed, variant)
         vals = validations(folder)
+        if not vals and records is not None:
+            folder = run_folder(records, env, seed, variant)
+            vals = validations(folder)
         if not vals and (env, variant, str(seed)) in earlier:
             carried.append(f"{env}-{variant}/seed{seed}")
             for line in earlier[env, variant, str(seed)]:
@@ -279,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--envs", nargs="+", choices=list(ENVS), default=list(ENVS))
     parser.add_argument("--variant", choices=list(VARIANTS), default="base",
                         help="the configuration trained (run and list); report lists every variant")
+    parser.add_argument("--records", default="docs/learning/runs",
+                        help="where each run's curves, summary and settings are kept in the repository (report reads "
+                             "a run from there when its folder is not under --out)")
     args = parse_queue_args(parser, argv)
     console = Console()
     root = Path(args.out)
@@ -292,7 +323,10 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(" ".join(command), soft_wrap=True, markup=False)
         return 0
     failed = run_jobs(queue, args.jobs, console) if args.action == "run" else 0
-    console.print(report(root, args.envs, args.seeds, Path(args.md), tuple(VARIANTS)), markup=False)
+    records = Path(args.records)
+    kept = keep_records(root, records, args.envs, args.seeds, tuple(VARIANTS))
+    console.print(report(root, args.envs, args.seeds, Path(args.md), tuple(VARIANTS), records), markup=False)
+    console.print(f"{len(kept)} runs' records copied to {records}; table in {args.md}")
     return 1 if failed else 0
 
 

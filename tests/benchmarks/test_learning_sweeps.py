@@ -194,6 +194,23 @@ def test_a_multiturn_report_keeps_the_runs_it_listed_whose_folders_are_gone(tmp_
     assert "frozenlake-base/seed0." in table and "base/seed1" not in table.split("Carried")[1]
 
 
+def test_a_multiturn_runs_record_is_kept_in_the_repository_and_read_where_its_folder_is_gone(tmp_path):
+    folder = tmp_path / "runs" / "frozenlake-grpo" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/success": 0.2}) + "\n")
+    (folder / "summary.json").write_text(json.dumps({"steps": 40, "wall_seconds": 600,
+                                                     "final_validation": {"val/success": 0.25}}))
+    (folder / "checkpoint-40").mkdir()  # weights stay on the machine
+    records = tmp_path / "docs" / "runs"
+    kept = learn_multiturn.keep_records(tmp_path / "runs", records, ["frozenlake"], [0, 1], ("base", "grpo"))
+    assert kept == [records / "frozenlake-grpo" / "seed0"]
+    assert sorted(p.name for p in kept[0].iterdir()) == ["metrics.jsonl", "summary.json"]
+    here = learn_multiturn.report(tmp_path / "runs", ["frozenlake"], [0], tmp_path / "a.md", ("grpo",))
+    elsewhere = learn_multiturn.report(tmp_path / "gone", ["frozenlake"], [0], tmp_path / "b.md", ("grpo",), records)
+    assert here == elsewhere and "| frozenlake | grpo | 0 | frozenlake | 40 | 10 | 0.200" in here
+    assert "not run" in learn_multiturn.report(tmp_path / "gone", ["frozenlake"], [0], tmp_path / "c.md", ("grpo",))
+
+
 def test_the_echo_trap_variants_change_only_the_preset(tmp_path):
     """``ppo`` / ``grpo``: the vanilla presets from the base warm-up at the same settings; only ``--config`` differs."""
     base, ppo, grpo = (learn_multiturn.jobs(tmp_path, ["frozenlake"], [0], v)[0] for v in ("base", "ppo", "grpo"))
