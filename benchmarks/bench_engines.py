@@ -13,6 +13,8 @@ Paths (``--paths``), each in a resident worker process of its own:
 * ``hf-transformers``: the ``hf`` engine with ``direct_decode=False``: decode steps through ``transformers``' forward
   instead of straight over the model's modules (:mod:`ragen_trainer.engines.hf.direct_decode`), for its before / after
   in one run;
+* ``hf-onednn``: the ``hf`` engine with ``float32_packs="onednn"``: float32 weights multiply by oneDNN's packs instead
+  of MKL's (:mod:`ragen_trainer.engines.hf.packed_weights`), for its before / after in one run;
 * ``hf-before``: the same engine with ``pack_weights=False, share_prefixes=False``: as it was before those two
   speed-ups, for a before / after in one run;
 * ``generate``: one batched ``model.generate`` (left-padded, sampling at temperature 1, ``min_new_tokens`` =
@@ -120,17 +122,18 @@ from ragen_trainer.engines.vllm import VLLMEngine, vllm_on_cpu
 from ragen_trainer.models import load_model_and_tokenizer, load_tokenizer, resolve_model_source
 from ragen_trainer.rollout import ChatTokens, collect_rollouts
 
-PATHS = ("hf", "hf-transformers", "hf-unshared", "hf-before", "vllm", "generate")
+PATHS = ("hf", "hf-transformers", "hf-unshared", "hf-onednn", "hf-before", "vllm", "generate")
 LABELS = {"hf": "hf (ragen HFEngine)", "hf-transformers": "hf, decode through transformers",
-          "hf-unshared": "hf, no shared attention",
+          "hf-unshared": "hf, no shared attention", "hf-onednn": "hf, oneDNN packs",
           "hf-before": "hf, before (no packing/prefixes)", "vllm": "vllm (colocate)",
           "generate": "plain generate"}
 #: HFEngine's options per path: ``hf-before`` is the engine without the two speed-ups of issue 34 (oneDNN-packed linear
 #: weights, one encoding of the prompts' shared head), so a run shows their gain side by side; ``hf-unshared`` is the
 #: engine without shared ("cascade") decode attention, every row reading its own copy of the columns it shares;
-#: ``hf-transformers`` decodes through ``transformers``' forward instead of the direct step.
+#: ``hf-transformers`` decodes through ``transformers``' forward instead of the direct step; ``hf-onednn`` multiplies by
+#: oneDNN's packs in float32 (the engine before MKL's packs).
 HF_OPTIONS: dict[str, dict[str, Any]] = {"hf": {}, "hf-transformers": {"direct_decode": False},
-                                         "hf-unshared": {"share_attention": False},
+                                         "hf-unshared": {"share_attention": False}, "hf-onednn": {"float32_packs": "onednn"},
                                          "hf-before": {"pack_weights": False, "share_prefixes": False}}
 DTYPES = ("float32", "bfloat16")
 DTYPE_ALIASES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}

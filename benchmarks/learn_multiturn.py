@@ -220,17 +220,18 @@ def keep_records(root: Path, records: Path, envs: list[str], seeds: list[int], v
     return copied
 
 
-def earlier_rows(out_md: Path) -> dict[tuple[str, str, str], list[str]]:
-    """The rows of the report already in ``out_md``, per (env, variant, seed), of runs it lists as trained."""
+def earlier_rows(out_md: Path) -> dict[tuple[str, str, str], list[tuple[str, list[str]]]]:
+    """The rows of the report already in ``out_md``, per (env, variant, seed), of runs it lists as trained: each row
+    as written and split into its cells."""
     try:
         text = out_md.read_text(encoding="utf-8")
     except OSError:
         return {}
-    rows: dict[tuple[str, str, str], list[str]] = {}
+    rows: dict[tuple[str, str, str], list[tuple[str, list[str]]]] = {}
     for line in text.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if len(cells) == 9 and cells[2].isdigit() and cells[6] != "not run":
-            rows.setdefault((cells[0], cells[1], cells[2]), []).append(line)
+            rows.setdefault((cells[0], cells[1], cells[2]), []).append((line, cells))
     return rows
 
 
@@ -258,8 +259,7 @@ def report(root: Path, envs: list[str], seeds: list[int], out_md: Path, variants
             vals = validations(folder)
         if not vals and (env, variant, str(seed)) in earlier:
             carried.append(f"{env}-{variant}/seed{seed}")
-            for line in earlier[env, variant, str(seed)]:
-                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            for line, cells in earlier[env, variant, str(seed)]:
                 if cells[4] == str(STEPS):
                     pooled.setdefault((env, variant, cells[3]), []).append(
                         (seed, float(cells[6].split()[0]), float(cells[7].split()[0])))

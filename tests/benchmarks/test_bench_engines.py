@@ -13,7 +13,6 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.trainer.conftest import build_tiny_model, build_tiny_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_engines
@@ -58,14 +57,19 @@ def test_hf_and_generate_rows_on_the_tiny_model(tmp_path, tiny_model_dir, capsys
     assert result["complete"] is True and "Incomplete" not in md
 
 
-def test_shared_attention_is_timed_beside_the_engine_without_it(tmp_path, tiny_model_dir):
-    result, md = _run(tmp_path, tiny_model_dir, "--paths", "hf", "hf-unshared", "--workloads", "training-step",
-                      "--batches", "4")  # fmt: skip
+@pytest.mark.parametrize(("path", "workload", "label"), [
+    ("hf-unshared", "training-step", "hf, no shared attention"),
+    ("hf-onednn", "five-turn", "hf, oneDNN packs"),
+])  # fmt: skip
+def test_an_option_of_the_engine_is_timed_beside_it_on_the_same_rollouts(tmp_path, tiny_model_dir, path, workload,
+                                                                          label):
+    result, md = _run(tmp_path, tiny_model_dir, "--paths", "hf", path, "--workloads", workload, "--batches", "4")
     rows = {r["path"]: r for r in result["rows"]}
-    assert rows["hf"]["status"] == rows["hf-unshared"]["status"] == "ok"
-    # The same seeded rollouts: sharing the group's columns changes what is read, not what is written.
-    assert rows["hf"]["tokens"] == rows["hf-unshared"]["tokens"] and rows["hf"]["turns"] == rows["hf-unshared"]["turns"]
-    assert "| hf, no shared attention | float32 | 4 | training-step |" in md
+    assert rows["hf"]["status"] == rows[path]["status"] == "ok"
+    # The same seeded rollouts: shared attention and the packs' library change how the same numbers are computed,
+    # not what is written.
+    assert rows["hf"]["tokens"] == rows[path]["tokens"] and rows["hf"]["turns"] == rows[path]["turns"]
+    assert f"| {label} | float32 | 4 | {workload} |" in md
 
 
 def test_direct_decode_is_timed_beside_decoding_through_transformers(tmp_path, tiny_model_dir):

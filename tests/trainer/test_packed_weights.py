@@ -77,16 +77,19 @@ def test_a_model_in_eval_mode_is_packed_once_and_a_changed_weight_again():
         torch.testing.assert_close(model[0](x), plain, rtol=1e-5, atol=1e-5)
     changed.restore()
     PackedWeights(model, keep=False).restore()  # not kept: the next session packs everything
-    assert PackedWeights(model, keep=True).packed == 2
+    kept = PackedWeights(model, keep=True)
+    assert kept.packed == 2
+    kept.restore()
+    if packed_weights.has_mkl_packs():  # the other library's packs are not reused
+        assert PackedWeights(model, keep=True, float32_packs="onednn").packed == 2
 
 
 def test_sessions_keep_packs_only_for_a_model_in_eval_mode(tiny_model, tiny_tokenizer, monkeypatch):
     if not can_pack(tiny_model):
         pytest.skip("the tiny model is not a float32 CPU model")
     calls = []
-    reorder = torch.ops.mkldnn._reorder_linear_weight
-    monkeypatch.setattr(packed_weights.torch.ops.mkldnn, "_reorder_linear_weight",
-                        lambda w, hint: calls.append(1) or reorder(w, hint), raising=False)  # fmt: skip
+    pack = packed_weights._pack
+    monkeypatch.setattr(packed_weights, "_pack", lambda weight, mkl: calls.append(1) or pack(weight, mkl))
     params = SamplingParams(temperature=0, max_new_tokens=3)
     prompt = [[1, 2, 3, 4]]
     layers = sum(isinstance(m, torch.nn.Linear) for m in tiny_model.modules())
@@ -100,3 +103,64 @@ def test_sessions_keep_packs_only_for_a_model_in_eval_mode(tiny_model, tiny_toke
     replies = [engine.generate(prompt, params)[0].token_ids for _ in range(3)]
     assert len(calls) == layers and replies[0] == replies[1] == replies[2]  # packed once for three sessions
     tiny_model.train()
+
+
+
+needs_mkl = pytest.mark.skipif(not packed_weights.has_mkl_packs(), reason="torch built without MKL: oneDNN packs only")
+
+
+@needs_mkl
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 13, 32, 33, 300])
+def test_one_mkl_pack_serves_every_row_count_with_the_products_of_a_pack_made_for_that_count(rows):
+    # What the float32 path rests on: MKL's pack does not depend on the row count it was made for, so the one pack
+    # (made for 32) multiplies any number of rows; torch runs it when told that number. Were that to change in a
+    # later MKL, this fails.
+    torch.manual_seed(rows)
+    weight, x = torch.randn(40, 24), torch.randn(rows, 24)
+    pack = torch.ops.mkl._mkl_reorder_linear_weight(weight, packed_weights.PACK_ROWS_HINT)
+    got = torch.ops.mkl._mkl_linear(x, pack, weight, None, rows)
+    torch.testing.assert_close(got, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    if rows > 2:  # a single row or two may take another MKL kernel: equal up to rounding (above), not bit for bit
+        exact = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+        assert torch.equal(got, torch.ops.mkl._mkl_linear(x, exact, weight, None, rows))
+
+
+@needs_mkl
+def test_float32_weights_use_mkl_packs_and_bfloat16_and_onednn_when_asked_use_onednn(monkeypatch):
+    calls = []
+    mkl, onednn = torch.ops.mkl._mkl_linear, torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(packed_weights.torch.ops.mkl, "_mkl_linear",
+                        lambda x, p, w, b, rows: calls.append(("mkl", x.shape[0], rows)) or mkl(x, p, w, b, rows),
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(packed_weights.torch.ops.mkldnn, "_linear_pointwise",
+                        lambda *a: calls.append(("onednn",)) or onednn(*a), raising=False)  # fmt: skip
+    with torch.no_grad():
+        model = _model()
+        x = torch.randn(2, 5, 24)  # [batch, tokens, features]: 10 rows
+        expected = model(x)
+        PackedWeights(model)
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+        assert calls == [("mkl", 10, 10)] * 2  # told its own row count, so the pack runs
+        calls.clear()
+        PackedWeights(model, float32_packs="onednn")
+        model(x)
+        assert calls == [("onednn",)] * 2
+        if torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            calls.clear()
+            model = _model().to(torch.bfloat16)
+            PackedWeights(model)
+            model(x.to(torch.bfloat16))
+            assert calls == [("onednn",)] * 2
+    with pytest.raises(ValueError, match="float32_packs"):
+        PackedWeights(_model(), float32_packs="blas")
+
+
+def test_the_engine_samples_the_same_greedy_replies_with_either_library_and_checks_the_choice(tiny_model,
+                                                                                               tiny_tokenizer):
+    params = SamplingParams(temperature=0, max_new_tokens=6)
+    prompts = [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11, 12]]
+    mkl = HFEngine(tiny_model, tiny_tokenizer).generate(prompts, params)
+    onednn = HFEngine(tiny_model, tiny_tokenizer, float32_packs="onednn").generate(prompts, params)
+    assert [r.token_ids for r in mkl] == [r.token_ids for r in onednn]
+    with pytest.raises(ValueError, match="float32_packs"):
+        HFEngine(tiny_model, tiny_tokenizer, float32_packs="mkldnn")

@@ -184,9 +184,10 @@ class ModelLease:
     """Holds ``model`` in sampling mode while a session uses it: eval mode (no dropout), ragen's attention and, with
     ``pack_weights``, its linear layers' weights packed (:mod:`~ragen_trainer.engines.hf.packed_weights`); the last
     session to let go restores its train / eval mode, attention implementation and layers. Sessions of several engines
-    may share one model (two seats of a self-play game); the first one's ``pack_weights`` holds for all."""
+    may share one model (two seats of a self-play game); the first one's ``pack_weights`` and ``float32_packs`` hold
+    for all."""
 
-    def __init__(self, model: Any, *, pack_weights: bool = False) -> None:
+    def __init__(self, model: Any, *, pack_weights: bool = False, float32_packs: str = "mkl") -> None:
         self.model = model
         lease = _leases.get(model)
         if lease is None:
@@ -197,7 +198,8 @@ class ModelLease:
                 transformers_api.set_attention_implementation(model, transformers_api.ATTENTION_NAME)
                 # A model in eval mode (evaluation, benchmarks) keeps its packs between sessions; the trainer's
                 # policy, in training mode, changes its weights every step and keeps none.
-                lease.packed = PackedWeights(model, keep=not lease.was_training) if pack_weights else None
+                lease.packed = (PackedWeights(model, keep=not lease.was_training, float32_packs=float32_packs)
+                                if pack_weights else None)  # fmt: skip
             except Exception:
                 transformers_api.set_attention_implementation(model, lease.attention)
                 model.train(lease.was_training)

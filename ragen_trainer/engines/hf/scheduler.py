@@ -78,7 +78,9 @@ class HFSession(GenerationSession):
         self._runner = ModelRunner(
             engine.model, engine.stats, share_attention=engine.share_attention, direct_decode=engine.direct_decode
         )
-        self._lease = ModelLease(engine.model, pack_weights=engine.pack_weights)
+        self._lease = ModelLease(
+            engine.model, pack_weights=engine.pack_weights, float32_packs=engine.float32_packs
+        )
         self._closed = False
 
     # ---------------------------------------------------------------- the session interface
