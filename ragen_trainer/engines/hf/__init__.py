@@ -26,7 +26,8 @@ The package, one job per module (the split of small serving engines such as nano
   plans ragen's attention function follows;
 * :mod:`.direct_decode` -- a decode step straight over the modules of a Llama / Qwen2 model (the model's equations
   without ``transformers``' forward: fewer calls, the same logits up to float rounding);
-* :mod:`.packed_weights` -- oneDNN-packed copies of the linear weights while a session is open (CPU);
+* :mod:`.packed_weights` -- packed copies of the linear weights while a session is open (CPU: MKL's in float32,
+  oneDNN's in bfloat16);
 * :mod:`.sampler` -- per-request seeded sampling (temperature, top-k, top-p, greedy) and the log-probabilities;
 * :mod:`.transformers_api` -- everything the engine asks of ``transformers`` (attention interface, cache classes,
   support checks), tested on the lowest and the installed version.

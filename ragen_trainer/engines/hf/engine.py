@@ -27,10 +27,10 @@ class HFEngine(ModelEngine):
             finishes beyond it is not parked (its episode re-encodes its next prompt in full).
         prefill_tokens: most new prompt tokens encoded together in one packed forward pass (memory vs. speed; a
             longer prompt runs alone).
-        pack_weights: multiply by oneDNN-packed copies of the linear weights while a session is open (the same
-            products up to float rounding, faster on a CPU at any batch size; a second copy of the weights in memory
-            meanwhile, kept between sessions for a model in eval mode and reused while its weights are unchanged);
-            ``None``: when the model is float32 or bfloat16 on a CPU and ``torch`` has oneDNN
+        pack_weights: multiply by packed copies of the linear weights (``float32_packs``) while a session is open
+            (the same products up to float rounding, faster on a CPU at any batch size; a second copy of the weights
+            in memory meanwhile, kept between sessions for a model in eval mode and reused while its weights are
+            unchanged); ``None``: when the model is float32 or bfloat16 on a CPU and ``torch`` has oneDNN
             (:func:`~ragen_trainer.engines.hf.packed_weights.can_pack`).
         float32_packs: with ``pack_weights``, whose packed product float32 weights use: ``"mkl"`` (where ``torch``
             has MKL; faster than oneDNN's at a decode step's row counts, 1.35-1.6x at 1-32 rows) or ``"onednn"``
