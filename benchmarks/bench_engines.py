@@ -55,11 +55,13 @@ Workloads (``--workloads``):
   stop string ``</answer>``, the model's end-of-turn token, temperature 1, ``--max-new-tokens`` per reply), as
   ``benchmarks/bench_rollout.py`` does. Each engine samples its own replies, so the generated tokens (counted reply by
   reply) differ between paths: compare tokens per second. Seconds are the whole rollout (env steps and chat-template
-  deltas included, under 1 % of it). Plain ``generate`` has no multi-turn path: its row is ``-`` (its first-turn row
-  is the single-turn equivalent).
+  deltas included, under 1 % of it). Plain ``generate`` plays the same episodes through
+  :class:`~ragen_trainer.engines.hf_generate.GenerateEngine` (the engine ragen had before its own: every turn a
+  batched, left-padded ``model.generate`` over each row's whole conversation, no cache kept between turns, a reply
+  cut at the stop string afterwards, so a batch decodes until its longest reply ends).
 * ``training-step``: ``five-turn`` as a training step's rollouts are: ``batch / 8`` initial states, 8 episodes from
   each (:data:`TRAINING_GROUP_SIZE`, ``benchmarks/learn_multiturn.py``'s 4 x 8 at batch 32), so a group's rows share
-  their whole first prompt, as GRPO / StarPO groups do. ``generate`` has no row here either.
+  their whole first prompt, as GRPO / StarPO groups do (``generate`` encodes every row's copy).
 
 Timing: every worker answers one short warm-up request after loading, and one more on a cell's prompts (2 new tokens)
 before that cell's first timed run. ``--rounds`` (2) rounds per cell (dtype, batch, workload), the paths in turn,
@@ -117,7 +119,7 @@ from ragen_envs.protocol import find_protocol
 from ragen_trainer.config import load_config
 from ragen_trainer.engines import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
-from ragen_trainer.engines.hf_generate import left_pad
+from ragen_trainer.engines.hf_generate import GenerateEngine, left_pad
 from ragen_trainer.engines.vllm import VLLMEngine, vllm_on_cpu
 from ragen_trainer.models import load_model_and_tokenizer, load_tokenizer, resolve_model_source
 from ragen_trainer.rollout import ChatTokens, collect_rollouts
@@ -143,7 +145,6 @@ TRAINING_GROUP_SIZE = 8
 ENV_ID = "ragen/FrozenLake-v0"
 VLLM_VENV_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 NOT_INSTALLED = "not installed: bash scripts/vllm_lane.sh --setup-only"
-NO_MULTI_TURN = "- (no multi-turn path; see its first-turn row)"
 #: The five-turn rollouts' settings: a run's defaults, the replies-only mask (what these numbers were measured with;
 #: the mask shapes only the trajectories, after the timed play).
 ROLLOUT = load_config().replace(loss_mask="replies").rollout_settings()
@@ -351,6 +352,8 @@ class Worker:
 
             engine: Any = HFEngine(self.model, self.tokenizer, batch_size=len(seeds) * group_size,
                                    **HF_OPTIONS[self.path])
+        elif self.path == "generate":
+            engine = GenerateEngine(self.model, self.tokenizer, batch_size=len(seeds) * group_size)
         else:
             engine = self.engine
             engine.llm.reset_prefix_cache()
@@ -374,8 +377,6 @@ class Worker:
 
     def run(self, req: dict[str, Any]) -> dict[str, Any]:
         prompts, workload, tokens = req["prompts"], req["workload"], int(req["max_new_tokens"])
-        if workload != "first-turn" and self.path == "generate":
-            return {"status": NO_MULTI_TURN}
         key = (len(prompts), workload)
         if key not in self.warm:  # a warm-up request on this cell's prompts before its first timed run
             self._warm_up(prompts, 2)
@@ -718,16 +719,17 @@ def build_rows(args: argparse.Namespace, runs: dict[tuple[str, str, int, str], l
                         row["gflops_per_s"] = best["tokens"] * flops_per_token / best["seconds"] / 1e9
                         row["peak_fraction"] = row["gflops_per_s"] / best["matmul_peak_gflops_per_s"]
                     cell.append(row)
-                vllm = next((r for r in cell if r["path"] == "vllm" and r["status"] == "ok"), None)
-                for row in cell:
-                    if vllm is not None and row["status"] == "ok":
-                        row["vs_vllm"] = row["tokens_per_s"] / vllm["tokens_per_s"]
+                for name, key in (("vllm", "vs_vllm"), ("generate", "vs_generate")):
+                    base = next((r for r in cell if r["path"] == name and r["status"] == "ok"), None)
+                    for row in cell:
+                        if base is not None and row["status"] == "ok":
+                            row[key] = row["tokens_per_s"] / base["tokens_per_s"]
                 rows += cell
     return rows
 
 
 COLUMNS = ["path", "dtype", "batch", "workload", "gen tokens", "seconds", "range (s)", "tok/s", "vs vLLM",
-           "peak GFLOP/s", "GFLOP/s", "of peak", "note"]  # fmt: skip
+           "vs generate", "peak GFLOP/s", "GFLOP/s", "of peak", "note"]  # fmt: skip
 
 
 def _num(value: float, percent: bool = False) -> str:
@@ -755,7 +757,8 @@ def row_cells(row: dict[str, Any]) -> list[str]:
         note = ", ".join(x for x in (f"{row.get('episodes')} episodes, {row.get('turns')} turns", note) if x)
     return head + [
         str(row["tokens"]), f"{row['seconds']:.2f}", spread, f"{row['tokens_per_s']:.1f}",
-        f"{row['vs_vllm']:.2f}x" if "vs_vllm" in row else "-", f"{row['matmul_peak_gflops_per_s']:.0f}",
+        f"{row['vs_vllm']:.2f}x" if "vs_vllm" in row else "-",
+        f"{row['vs_generate']:.2f}x" if "vs_generate" in row else "-", f"{row['matmul_peak_gflops_per_s']:.0f}",
         _num(row["gflops_per_s"]) if "gflops_per_s" in row else "-",
         _num(row["peak_fraction"], percent=True) if "peak_fraction" in row else "-", note,
     ]  # fmt: skip
@@ -832,7 +835,8 @@ def format_markdown(result: dict[str, Any]) -> str:
     lines.append(
         "GFLOP/s = generated tokens x 2 x (non-embedding params + hidden x vocab) / seconds (prompt tokens and "
         "attention not counted); the peak: the fastest `torch.mm` of two square matrices in the row's dtype, measured "
-        'in the worker just before the timed run. "vs vLLM": tokens/s over vLLM\'s in the same cell. five-turn rows: '
+        'in the worker just before the timed run. "vs vLLM" / "vs generate": tokens/s over vLLM\'s / plain generate\'s '
+        "in the same cell. five-turn rows: "
         "whole FrozenLake rollouts (stop string `</answer>` and end-of-turn on), so every path writes its own number "
         "of tokens; training-step rows: the same in groups of 8 episodes from one initial state (batch / 8 states). See the docstring of `benchmarks/bench_engines.py`."
     )

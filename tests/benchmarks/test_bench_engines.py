@@ -33,7 +33,7 @@ def test_hf_and_generate_rows_on_the_tiny_model(tmp_path, tiny_model_dir, capsys
     rows = {(r["path"], r["workload"]): r for r in result["rows"]}
     assert set(rows) == {(p, w) for p in ("hf", "generate") for w in ("first-turn", "five-turn", "training-step")}
     hf, plain = rows[("hf", "first-turn")], rows[("generate", "first-turn")]
-    for row in (hf, plain, rows[("hf", "five-turn")]):
+    for row in (hf, plain, rows[("hf", "five-turn")], rows[("generate", "five-turn")]):
         assert row["status"] == "ok" and row["dtype"] == "float32" and row["batch"] == 2 and row["threads"] == 1
         assert row["tokens"] > 0 and row["seconds"] > 0 and row["tokens_per_s"] > 0
         assert row["matmul_peak_gflops_per_s"] > 0 and row["gflops_per_s"] > 0 and 0 < row["peak_fraction"]
@@ -43,10 +43,17 @@ def test_hf_and_generate_rows_on_the_tiny_model(tmp_path, tiny_model_dir, capsys
     assert hf["tokens"] == plain["tokens"] == 2 * 4
     five = rows[("hf", "five-turn")]
     assert five["episodes"] == 2 and 2 <= five["turns"] <= 10 and five["tokens"] <= five["turns"] * 4
-    assert rows[("generate", "five-turn")]["status"].startswith("- (no multi-turn path")
+    # plain generate plays the same episodes (GenerateEngine: every turn's whole conversation re-encoded)
+    five_plain = rows[("generate", "five-turn")]
+    assert five_plain["episodes"] == 2 and 2 <= five_plain["turns"] <= 10
+    assert five_plain["tokens"] <= five_plain["turns"] * 4
     step = rows[("hf", "training-step")]  # one initial state, its group of two episodes (the batch)
     assert step["status"] == "ok" and step["episodes"] == 2 and 2 <= step["turns"] <= 10
-    assert rows[("generate", "training-step")]["status"].startswith("- (no multi-turn path")
+    plain_step = rows[("generate", "training-step")]
+    assert plain_step["status"] == "ok" and plain_step["episodes"] == 2
+    for row in rows.values():  # every row over plain generate's in its cell
+        plain_speed = rows[("generate", row["workload"])]["tokens_per_s"]
+        assert row["vs_generate"] == pytest.approx(row["tokens_per_s"] / plain_speed)
     # the same prompt token ids for every path: distinct initial states
     assert len(set(result["settings"]["prompt_seeds"])) == 2
     assert result["machine"]["cpu"] and len(result["load_average_before"]) == 3
