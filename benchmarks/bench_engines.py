@@ -721,10 +721,12 @@ def build_rows(args: argparse.Namespace, runs: dict[tuple[str, str, int, str], l
                         row["gflops_per_s"] = best["tokens"] * flops_per_token / best["seconds"] / 1e9
                         row["peak_fraction"] = row["gflops_per_s"] / best["matmul_peak_gflops_per_s"]
                     cell.append(row)
-                for name, key in (("vllm", "vs_vllm"), ("generate", "vs_generate")):
+                for name, key in (("vllm", "vs_vllm"), ("generate", "vs_generate")):  # ratios within the cell
                     base = next((r for r in cell if r["path"] == name and r["status"] == "ok"), None)
+                    if base is None:
+                        continue
                     for row in cell:
-                        if base is not None and row["status"] == "ok":
+                        if row["status"] == "ok":
                             row[key] = row["tokens_per_s"] / base["tokens_per_s"]
                 rows += cell
     return rows
