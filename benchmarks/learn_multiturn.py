@@ -8,7 +8,7 @@ of each generalisation split (the paper's: Sokoban runs validate SokobanLarge, S
 ``run`` again after an interruption continues each unfinished run from its checkpoint.
 
     python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
-    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, perceive-state, perceive-state-keep1, ppo, grpo (VARIANTS)
+    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, perceive-state, perceive-state-keep1, ppo, grpo, grpo-replies (VARIANTS)
     python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
     ragen-trainer plot docs/learning/runs/frozenlake -o docs/learning/frozenlake.png
 
@@ -70,6 +70,10 @@ TRAIN_FIELDS: dict[str, str] = {
 #: cause at a time, as ``benchmarks/sweep_bandit.py``'s ``algo``): the vanilla presets at the same learning rate, from the
 #: same warm-up, each making one update a step on all 32 trajectories (``keep1`` is StarPO-S's side of it: only the
 #: filter differs between ``keep1`` and ``base``). ``config`` names the preset (``starpo-s`` when absent).
+#: ``grpo-replies`` is ``grpo`` with the replies alone trained (``loss_mask: replies``, today's reference) instead of
+#: every token after the system prompt (the paper's runs): the one change that tests whether vanilla GRPO's fall on
+#: FrozenLake comes from its trajectory-level advantage on the environment's text (docs/learning.md, "Why vanilla
+#: GRPO fell off").
 #: ``perceive-state`` is ``mixed-state`` after a *perception stage* (:data:`PERCEPTION_VARIANTS`) and on the grid
 #: written one token per cell (FrozenLake's ``cell_separator=" "``, not the paper's rendering): the ``mixed-state``
 #: warm-ups wrote one and the same (false) state in every state, while SFT on the state alone, with short answers,
@@ -80,7 +84,7 @@ SPACED = '{cell_separator: " "}'
 PERCEIVE_STATE = {"max_new_tokens": "96", "env_kwargs": SPACED}
 VARIANTS: dict[str, dict[str, str]] = {
     "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "mixed-state": {"max_new_tokens": "96"},
-    "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"},
+    "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"}, "grpo-replies": {"config": "grpo", "loss_mask": "replies"},
     "perceive-state": PERCEIVE_STATE, "perceive-state-keep1": {**PERCEIVE_STATE, "filter_ratio": "1.0"},
 }
 #: Variants that train from another variant's warm-up (its perception stage, warm-up and check, in its folders):

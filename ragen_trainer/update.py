@@ -171,12 +171,33 @@ def compute_advantages(config: Any, kept: list[Trajectory], scores: dict[str, li
         "batch/model_tokens": n_tok,
         "reward/kl_penalty": float(kl_penalty_tokens.sum() / max(len(kept), 1)),
     }
+    metrics.update(context_advantage_metrics(advantages, mask, reply_mask(kept, width) * mask))
     if values is not None:
         metrics["critic/values_mean"] = float((values * mask).sum() / max(n_tok, 1.0))
         metrics["critic/returns_mean"] = float((returns * mask).sum() / max(n_tok, 1.0))
     batch = TrainingBatch(kept=kept, mask=mask, advantages=advantages, returns=returns, values=values,
                           old_logprobs=old, ref_logprobs=ref)
     return batch, metrics
+
+
+def context_advantage_metrics(advantages: torch.Tensor, mask: torch.Tensor, replies: torch.Tensor) -> dict[str, float]:
+    """Where the advantage falls: its mean over the trained positions that predict the model's own replies
+    (``adv/reply_mean``) and over those that predict the rest, the environment's text and the template
+    (``adv/context_mean``, with their share of the trained tokens, ``batch/context_token_share``; only under a loss
+    mask that trains them, the paper's ``after_system``).
+
+    Why it is watched: the policy gradient ``A_t * grad log pi(x_t)`` has zero mean over tokens the policy sampled,
+    whatever constant ``A_t`` carries, but not over text it did not write. On the environment's tokens a nonzero
+    ``adv/context_mean`` moves their likelihood directly: below zero it pushes the observations' likelihood down. Under
+    GRPO's trajectory-level advantage it is below zero whenever failing episodes are the longer ones (more turns, more
+    observation tokens), as on FrozenLake: ``docs/learning.md``, "Why vanilla GRPO fell off"."""
+    context = mask - replies
+    n_reply, n_context, n_tok = float(replies.sum()), float(context.sum()), float(mask.sum())
+    out = {"adv/reply_mean": float((advantages * replies).sum() / max(n_reply, 1.0))}
+    if n_context > 0:
+        out["adv/context_mean"] = float((advantages * context).sum() / n_context)
+        out["batch/context_token_share"] = n_context / max(n_tok, 1.0)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ micro-batches
@@ -255,6 +276,14 @@ def ppo_loss(config: Any, policy: PolicyWithCritic, micro: dict[str, Any]) -> tu
         kl = agg_loss(kl_penalty(logp, micro["ref_logprobs"], losses.kl_estimator), mask, losses.loss_agg_mode, norm)
         loss = loss + cfg.kl_coef * kl
         stats["sum:policy/kl"] = float(kl.detach())
+    if micro.get("ref_logprobs") is not None and replies is not None:
+        # log pi - log pi_ref apart for the replies and for the trained text the policy did not write (the env's,
+        # under after_system): a policy that unlearns its observations shows it here first (context_advantage_metrics)
+        log_ratio = (logp.detach() - micro["ref_logprobs"]) * (mask > 0)
+        context = mask - replies
+        stats["reply:policy/log_ratio_replies"] = float((log_ratio * replies).sum())
+        stats["context:policy/log_ratio_context"] = float((log_ratio * context).sum())
+        stats["context_tokens"] = float(context.sum())
     if values is not None:
         vf, vf_stats = value_loss(values, micro["old_values"], micro["returns"], mask, losses, normalizer=norm)
         loss = loss + cfg.value_loss_coef * vf
@@ -274,7 +303,8 @@ class UpdateStats:
     Keys say how a value is reduced: ``sum:`` values are pre-normalised shares of an update's mean (summed over its
     micro-batches and processes, then averaged over the step's updates), ``tok:`` values are token-weighted sums
     (divided by the step's model tokens), ``reply:`` values are sums over reply tokens (divided by the step's reply
-    tokens), ``min:`` / ``max:`` are extremes, ``mean:`` values are the same on every
+    tokens), ``context:`` values sums over the other trained tokens (divided by their count; left out when there are
+    none), ``min:`` / ``max:`` are extremes, ``mean:`` values are the same on every
     process (gradient norms after the all-reduce) and averaged over the step's updates."""
 
     def __init__(self) -> None:
@@ -287,15 +317,18 @@ class UpdateStats:
     def reduce(self, accelerator: Any, updates: int) -> dict[str, float]:
         """The step's metrics; a collective: every process must call it (with the same keys)."""
         values = self._values
-        keys = sorted(k for k in values if k.split(":", 1)[0] in ("sum", "tok", "reply"))
+        keys = sorted(k for k in values if k.split(":", 1)[0] in ("sum", "tok", "reply", "context"))
         world = accelerator.num_processes
-        local = torch.tensor([sum(values[k]) for k in keys] + [sum(values["tokens"]), sum(values["reply_tokens"])],
+        local = torch.tensor([sum(values[k]) for k in keys]
+                             + [sum(values["tokens"]), sum(values["reply_tokens"]), sum(values["context_tokens"])],
                              dtype=torch.float64, device=accelerator.device)
         total = accelerator.reduce(local, reduction="sum") if world > 1 else local
-        counts = {"tok": float(total[-2]), "reply": float(total[-1])}
+        counts = {"tok": float(total[-3]), "reply": float(total[-2]), "context": float(total[-1])}
         out: dict[str, float] = {}
         for i, key in enumerate(keys):
             kind, name = key.split(":", 1)
+            if kind == "context" and counts["context"] == 0:
+                continue  # no trained text outside the replies (loss_mask="replies"): nothing to average
             # sum: each process holds its share of a global mean (normalised by the global count / world)
             out[name] = (float(total[i]) / world / max(updates, 1) if kind == "sum"
                          else float(total[i]) / max(counts[kind], 1))
@@ -318,6 +351,7 @@ __all__ = [
     "UpdateStats",
     "action_mask",
     "compute_advantages",
+    "context_advantage_metrics",
     "micro_batches",
     "pad_rows",
     "ppo_loss",

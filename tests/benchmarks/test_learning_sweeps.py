@@ -123,6 +123,17 @@ def test_multiturn_variants_train_into_folders_of_their_own(tmp_path):
     assert "| frozenlake | keep1 | 1 | - | 0 | - | not run |" in table
 
 
+def test_grpo_replies_differs_from_grpo_only_in_the_loss_mask(tmp_path):
+    grpo, replies = (learn_multiturn.jobs(tmp_path, ["frozenlake"], [0], v)[0] for v in ("grpo", "grpo-replies"))
+    assert replies.folder == tmp_path / "frozenlake-grpo-replies" / "seed0"
+    assert replies.commands[0] == grpo.commands[0]  # the same base warm-up
+    train = replies.commands[1]
+    assert train[train.index("--loss_mask") + 1] == "replies" and "--loss_mask" not in grpo.commands[1]
+    drop = train.index("--loss_mask")
+    assert [a for a in train[:drop] + train[drop + 2:] if "grpo-replies" not in a] == [
+        a for a in grpo.commands[1] if "frozenlake-grpo" not in a]
+
+
 def test_an_interrupted_multiturn_run_reports_its_last_validation(tmp_path):
     folder = tmp_path / "frozenlake-keep1" / "seed0"
     folder.mkdir(parents=True)

@@ -17,7 +17,7 @@ from ragen_trainer.critic import PolicyWithCritic
 from ragen_trainer.monitor import KEY_ENTROPY, KEY_REPLY_ENTROPY, EchoTrapMonitor
 from ragen_trainer.plotting import find_configurations, load_records, mean_band, series, validation_splits
 from ragen_trainer.trainer import StarPOTrainer
-from ragen_trainer.update import micro_batches, ppo_loss
+from ragen_trainer.update import context_advantage_metrics, micro_batches, ppo_loss
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 from tests.trainer.test_trainer import read_metrics, small_config
 
@@ -94,6 +94,44 @@ def test_monitor_sees_collapsing_replies_that_the_trained_token_entropy_hides():
         collapsed = step >= 5
         assert old.update(step, {"reward/in_group_std": 0.01 if collapsed else 0.3, KEY_ENTROPY: 2.7,
                                  "optim/grad_norm": 1.0}) == []
+
+
+# ------------------------------------------------------------------------- the environment's text, trained
+def test_context_advantage_is_negative_when_the_failing_episode_is_the_longer_one():
+    """GRPO broadcasts a trajectory's advantage over every trained token: under the paper's after_system mask the
+    longer, failing episode puts more observation tokens under its negative advantage."""
+    # row 0: succeeded (A = +1), 2 reply + 2 context positions; row 1: failed (A = -1), 2 reply + 6 context positions
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1, 0, 0]], dtype=torch.float32)
+    replies = torch.tensor([[0, 0, 1, 1, 0, 0, 0, 0, 0, 0], [0, 0, 1, 1, 0, 0, 0, 0, 0, 0]], dtype=torch.float32)
+    advantages = torch.tensor([[1.0], [-1.0]]) * mask
+    out = context_advantage_metrics(advantages, mask, replies)
+    assert out["adv/reply_mean"] == pytest.approx(0.0)  # two reply tokens each: the replies' push cancels
+    assert out["adv/context_mean"] == pytest.approx((2 * 1.0 + 6 * -1.0) / 8)  # -0.5: the observations pushed down
+    assert out["batch/context_token_share"] == pytest.approx(8 / 12)
+    # Only the replies trained (loss_mask="replies"): nothing else to report.
+    assert set(context_advantage_metrics(advantages * replies, replies, replies)) == {"adv/reply_mean"}
+
+
+@pytest.mark.parametrize("loss_mask", ["after_system", "replies"])
+def test_grpo_logs_the_log_ratio_to_the_reference_apart_for_replies_and_context(tmp_path, tiny_tokenizer, loss_mask):
+    cfg = small_config(tmp_path, preset="grpo", filter_ratio=1.0, loss_mask=loss_mask, total_steps=3)
+    assert cfg.kl_coef > 0  # the vanilla preset's KL loss: reference log-probs are scored
+    StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer,
+                  engine=ScriptedEngine(tiny_tokenizer, ["Phoenix", "Dragon", "Tiger"])).train()
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    # step 1: the policy is the reference, so both log-ratios are 0; it moves after the first update
+    assert rows[0]["policy/log_ratio_replies"] == pytest.approx(0.0, abs=1e-5)
+    assert abs(rows[-1]["policy/log_ratio_replies"]) > 1e-6
+    for row in rows:
+        assert math.isfinite(row["adv/reply_mean"])
+        if loss_mask == "after_system":
+            assert 0.0 < row["batch/context_token_share"] < 1.0
+            assert math.isfinite(row["adv/context_mean"]) and math.isfinite(row["policy/log_ratio_context"])
+        else:
+            assert "adv/context_mean" not in row and "policy/log_ratio_context" not in row
+    if loss_mask == "after_system":
+        assert rows[0]["policy/log_ratio_context"] == pytest.approx(0.0, abs=1e-5)
+        assert abs(rows[-1]["policy/log_ratio_context"]) > 1e-6
 
 
 # ------------------------------------------------------------------------------------------- validation splits
