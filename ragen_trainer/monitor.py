@@ -41,6 +41,10 @@ KEY_ENTROPY = "policy/entropy"
 #: 2.7 while 97 % of the replies were one word); the monitor watches this one.
 KEY_REPLY_ENTROPY = "policy/reply_entropy"
 KEY_GRAD_NORM = "optim/grad_norm"
+#: ``log pi - log pi_ref`` over the trained tokens the policy did not write (the environment's text and the template,
+#: trained under the paper's ``after_system`` mask); logged when the run scores a reference (a KL term). Measured on
+#: FrozenLake: vanilla GRPO's fell to -4 to -6 nats a token and its replies stopped parsing, PPO's stayed near +0.1.
+KEY_CONTEXT_LOG_RATIO = "policy/log_ratio_context"
 KEY_RESPONSE_LENGTH = "response/length"
 KEY_THINKING_LENGTH = "response/thinking_length"
 KEY_UNIQUE_REPLIES = "diversity/unique_reply_share"
@@ -217,12 +221,16 @@ class EchoTrapThresholds:
     """Replies collapsing to a template: the share of unique replies fell below this (after having been above it)."""
     cooldown: int = 5
     """Steps before the same kind of warning is given again."""
+    context_drift_nats: float = 1.0
+    """Unlearned observations: the policy finds the environment's text this many nats a token less likely than its
+    reference did (``policy/log_ratio_context`` below minus this)."""
     std_key: str = KEY_IN_GROUP_STD
     entropy_key: str = KEY_REPLY_ENTROPY
     """The entropy watched; a step without it falls back to ``fallback_entropy_key`` (the trained tokens')."""
     fallback_entropy_key: str = KEY_ENTROPY
     grad_norm_key: str = KEY_GRAD_NORM
     unique_key: str = KEY_UNIQUE_REPLIES
+    context_log_ratio_key: str = KEY_CONTEXT_LOG_RATIO
 
     def __post_init__(self) -> None:
         for name in ("window", "min_history", "spike_within", "cooldown"):
@@ -233,6 +241,7 @@ class EchoTrapThresholds:
             check_arg(isinstance(value, (int, float)) and 0 <= value < 1, name, value, "a number in [0, 1)")
         check_arg(self.grad_spike_factor > 1, "grad_spike_factor", self.grad_spike_factor, "a number > 1")
         check_arg(self.min_peak_std >= 0, "min_peak_std", self.min_peak_std, "a number >= 0")
+        check_arg(self.context_drift_nats > 0, "context_drift_nats", self.context_drift_nats, "a number > 0")
 
 
 @dataclass
@@ -255,7 +264,9 @@ class EchoTrapMonitor:
     is falling (when the trainer logs entropy; without it the std cliff alone counts); warned once per cliff (staying
     low afterwards is the same cliff). Stage 2 (the trap): within ``spike_within`` steps of the cliff, the gradient
     norm spikes to ``grad_spike_factor`` x its recent median. A spike without a cliff before it is reported as a
-    plain spike; a share of unique replies falling below ``min_unique_reply_share`` as a template collapse.
+    plain spike; a share of unique replies falling below ``min_unique_reply_share`` as a template collapse, and a
+    policy that finds the environment's text ``context_drift_nats`` less likely than its reference (logged only when
+    the run scores a reference) as unlearned observations.
     """
 
     def __init__(self, thresholds: EchoTrapThresholds | None = None) -> None:
@@ -351,6 +362,21 @@ class EchoTrapMonitor:
                     ),
                 )
             self._unique_peak = max(self._unique_peak, unique)
+
+        # Supporting sign: the policy unlearning the environment's text (trained under after_system). It came about
+        # ten steps before vanilla GRPO's replies stopped parsing on FrozenLake (docs/learning.md).
+        context = _number(metrics.get(th.context_log_ratio_key))
+        if context is not None and context < -th.context_drift_nats:
+            out += self._warn(
+                step,
+                "context_drift",
+                (
+                    f"the policy is unlearning its observations at step {step}: it finds the environment's text "
+                    f"{-context:.2g} nats a token less likely than its reference. The trained environment tokens "
+                    "(loss_mask: after_system) take a push from the advantage that the replies' sampling does not "
+                    "balance; consider loss_mask: replies, or a critic's baseline (PPO, StarPO-S)."
+                ),
+            )
 
         for value, hist in ((std, self._std), (entropy, self._entropy), (grad, self._grad)):
             if value is not None:

@@ -14,7 +14,7 @@ pytest.importorskip("trl")
 from ragen_trainer.cli import main as cli_main
 from ragen_trainer.config import load_config
 from ragen_trainer.critic import PolicyWithCritic
-from ragen_trainer.monitor import KEY_ENTROPY, KEY_REPLY_ENTROPY, EchoTrapMonitor
+from ragen_trainer.monitor import KEY_CONTEXT_LOG_RATIO, KEY_ENTROPY, KEY_REPLY_ENTROPY, EchoTrapMonitor
 from ragen_trainer.plotting import find_configurations, load_records, mean_band, series, validation_splits
 from ragen_trainer.trainer import StarPOTrainer
 from ragen_trainer.update import context_advantage_metrics, micro_batches, ppo_loss
@@ -132,6 +132,25 @@ def test_grpo_logs_the_log_ratio_to_the_reference_apart_for_replies_and_context(
     if loss_mask == "after_system":
         assert rows[0]["policy/log_ratio_context"] == pytest.approx(0.0, abs=1e-5)
         assert abs(rows[-1]["policy/log_ratio_context"]) > 1e-6
+
+
+def test_monitor_warns_when_the_policy_unlearns_its_observations():
+    """Vanilla GRPO seed 0 on FrozenLake (its log-ratio over the trained tokens: -1.1 at step 17, -2.0 at step 25, its
+    replies stopped parsing at step 27): the warning comes before the collapse, once per cooldown."""
+    monitor = EchoTrapMonitor()
+    drift = {1: 0.0, 5: -0.1, 9: -0.4, 13: -0.8, 17: -1.1, 21: -1.7, 25: -2.0}
+    warned = {}
+    for step in range(1, 27):
+        ratio = next(v for k, v in sorted(drift.items(), reverse=True) if k <= step)
+        for message in monitor.update(step, {"reward/in_group_std": 0.3, KEY_REPLY_ENTROPY: 0.23,
+                                             "optim/grad_norm": 1.5, KEY_CONTEXT_LOG_RATIO: ratio}):
+            warned[step] = message
+    assert sorted(warned) == [17, 22]  # crossing -1.0 at step 17, again after the 5-step cooldown
+    assert "unlearning its observations" in warned[17] and "1.1 nats" in warned[17]
+    # PPO's stayed near +0.1; and a run without a reference logs nothing to judge
+    quiet = EchoTrapMonitor()
+    assert all(quiet.update(s, {KEY_CONTEXT_LOG_RATIO: 0.14, "optim/grad_norm": 1.0}) == [] for s in range(1, 30))
+    assert all(quiet.update(s, {"optim/grad_norm": 1.0}) == [] for s in range(30, 40))
 
 
 # ------------------------------------------------------------------------------------------- validation splits
