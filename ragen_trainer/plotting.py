@@ -12,7 +12,10 @@ Panels (a panel is drawn when some run logged its metric):
   env's ``val/success``, each generalisation split's ``val/<Name>/success``);
 * the mean reward and the in-group reward std (the StarPO-S filter's signal; it falls to 0 in the Echo Trap);
 * the entropy of the replies (``policy/reply_entropy``; ``policy/entropy`` for runs logged before it existed);
-* the policy's gradient norm (``optim/grad_norm``; the Echo Trap's spike).
+* the policy's gradient norm (``optim/grad_norm``; the Echo Trap's spike);
+* the share of malformed replies (``actions/format_error_rate``: vanilla GRPO's fall on FrozenLake);
+* the policy's log-ratio to its reference over the environment's text (``policy/log_ratio_context``, in runs that
+  score a reference under the paper's ``after_system`` mask: below zero, the policy is unlearning its observations).
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from ragen_trainer.monitor import (
+    KEY_CONTEXT_LOG_RATIO,
     KEY_ENTROPY,
+    KEY_FORMAT_ERROR_RATE,
     KEY_GRAD_NORM,
     KEY_IN_GROUP_STD,
     KEY_REPLY_ENTROPY,
@@ -46,6 +51,8 @@ PANELS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("in-group reward std", "std", (KEY_IN_GROUP_STD,)),
     ("reply entropy", "nats / token", (KEY_REPLY_ENTROPY, KEY_ENTROPY)),
     ("gradient norm", "global norm", (KEY_GRAD_NORM,)),
+    ("format errors", "malformed replies / turns", (KEY_FORMAT_ERROR_RATE,)),
+    ("environment's text vs reference", "log pi - log pi_ref, nats / token", (KEY_CONTEXT_LOG_RATIO,)),
 )
 
 

@@ -15,7 +15,7 @@ from ragen_trainer.cli import main as cli_main
 from ragen_trainer.config import load_config
 from ragen_trainer.critic import PolicyWithCritic
 from ragen_trainer.monitor import KEY_CONTEXT_LOG_RATIO, KEY_ENTROPY, KEY_REPLY_ENTROPY, EchoTrapMonitor
-from ragen_trainer.plotting import find_configurations, load_records, mean_band, series, validation_splits
+from ragen_trainer.plotting import find_configurations, load_records, mean_band, plot_runs, series, validation_splits
 from ragen_trainer.trainer import StarPOTrainer
 from ragen_trainer.update import context_advantage_metrics, micro_batches, ppo_loss
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
@@ -190,12 +190,12 @@ def test_val_envs_are_checked_before_any_model_loads():
 
 
 # ------------------------------------------------------------------------------------------------------ plot
-def _fake_run(folder, values, val=None, final=None):
+def _fake_run(folder, values, val=None, final=None, extra=None):
     folder.mkdir(parents=True)
     with open(folder / "metrics.jsonl", "w", encoding="utf-8") as fh:
         for step, value in enumerate(values, start=1):
             row = {"step": step, "success_rate": value, "reward/mean": value, "reward/in_group_std": 0.1,
-                   "policy/reply_entropy": 1.0 - value, "optim/grad_norm": 1.0}
+                   "policy/reply_entropy": 1.0 - value, "optim/grad_norm": 1.0, **(extra or {})}
             if val and step in val:
                 row.update(val[step])
             fh.write(json.dumps(row) + "\n")
@@ -203,7 +203,7 @@ def _fake_run(folder, values, val=None, final=None):
         (folder / "summary.json").write_text(json.dumps({"steps": len(values), "final_validation": final}))
 
 
-def test_plot_groups_seeds_places_validations_and_draws_a_png(tmp_path):
+def test_plot_groups_seeds_places_validations_and_draws_a_png(tmp_path, monkeypatch):
     for seed, offset in enumerate((0.0, 0.2)):
         _fake_run(tmp_path / "a" / f"seed{seed}", [0.1 + offset, 0.3 + offset, 0.5 + offset],
                   val={1: {"val/success": 0.1, "val/BanditTest/success": 0.0}},
@@ -220,6 +220,16 @@ def test_plot_groups_seeds_places_validations_and_draws_a_png(tmp_path):
     out = tmp_path / "fig" / "curves.png"
     assert cli_main(["plot", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out), "--title", "t"]) == 0
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    # a panel is drawn only when some run logged its metric: 5 without the format errors and the log-ratio, 7 with
+    import matplotlib.pyplot as plt
+
+    drawn, real_subplots = [], plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda rows, cols, **kw: drawn.append(rows * cols) or real_subplots(
+        rows, cols, **kw))
+    plot_runs([tmp_path / "b"], tmp_path / "b.png")
+    _fake_run(tmp_path / "c", [0.1, 0.2], extra={"actions/format_error_rate": 0.5, "policy/log_ratio_context": -1.5})
+    plot_runs([tmp_path / "c"], tmp_path / "c.png")
+    assert drawn == [6, 9]  # 5 panels in a 2 x 3 grid; 7 in 3 x 3
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "torn", "suffix", "labels"])
