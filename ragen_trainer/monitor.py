@@ -363,8 +363,8 @@ class EchoTrapMonitor:
                 )
             self._unique_peak = max(self._unique_peak, unique)
 
-        # Supporting sign: the policy unlearning the environment's text (trained under after_system). It came about
-        # ten steps before vanilla GRPO's replies stopped parsing on FrozenLake (docs/learning.md).
+        # Supporting sign: the policy unlearning the environment's text (trained under after_system). On FrozenLake
+        # it crossed -1 nat 4 and 11 steps before vanilla GRPO's replies stopped parsing (docs/learning.md).
         context = _number(metrics.get(th.context_log_ratio_key))
         if context is not None and context < -th.context_drift_nats:
             out += self._warn(
