@@ -328,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     failed = run_jobs(queue, args.jobs, console) if args.action == "run" else 0
     records = Path(args.records)
-    kept = keep_records(root, records, args.envs, args.seeds, tuple(VARIANTS))
-    console.print(report(root, args.envs, args.seeds, Path(args.md), tuple(VARIANTS), records), markup=False)
+    # The table lists every run of the search, not only this queue's: a queue for one env and seed rewrites the
+    # whole page (runs of other envs, seeds and variants from their folders or their kept records).
+    envs, seeds = list(ENVS), sorted(set(SEEDS) | set(args.seeds))
+    kept = keep_records(root, records, envs, seeds, tuple(VARIANTS))
+    console.print(report(root, envs, seeds, Path(args.md), tuple(VARIANTS), records), markup=False)
     console.print(f"{len(kept)} runs' records copied to {records}; table in {args.md}")
     return 1 if failed else 0
 

@@ -205,6 +205,20 @@ def test_a_multiturn_report_keeps_the_runs_it_listed_whose_folders_are_gone(tmp_
     assert "frozenlake-base/seed0." in table and "base/seed1" not in table.split("Carried")[1]
 
 
+def test_a_queue_for_one_env_and_seed_reports_every_run(tmp_path):
+    """The report a queue writes when it ends lists the whole search, not only the queue's own env and seeds (a
+    `run --envs frozenlake --seeds 1` used to rewrite the page with seed 1's FrozenLake rows alone)."""
+    folder = tmp_path / "runs" / "sokoban" / "seed0"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/success": 0.125}) + "\n")
+    md = tmp_path / "r.md"
+    assert learn_multiturn.main(["report", "--out", str(tmp_path / "runs"), "--envs", "frozenlake", "--seeds", "1",
+                                 "--md", str(md), "--records", str(tmp_path / "records")]) == 0
+    table = md.read_text()
+    assert "| sokoban | base | 0 | sokoban | 0 | unfinished | 0.125" in table
+    assert "| frozenlake | base | 2 | - | 0 | - | not run |" in table and "| frozenlake | grpo-replies | 0 |" in table
+
+
 def test_a_multiturn_runs_record_is_kept_in_the_repository_and_read_where_its_folder_is_gone(tmp_path):
     folder = tmp_path / "runs" / "frozenlake-grpo" / "seed0"
     folder.mkdir(parents=True)
