@@ -8,7 +8,7 @@ of each generalisation split (the paper's: Sokoban runs validate SokobanLarge, S
 ``run`` again after an interruption continues each unfinished run from its checkpoint.
 
     python benchmarks/learn_multiturn.py run --envs frozenlake --seeds 0 1 2 --jobs 2
-    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, perceive-state, perceive-state-keep1, ppo, grpo, grpo-replies (VARIANTS)
+    python benchmarks/learn_multiturn.py run --envs frozenlake --variant keep1   # or mixed, mixed-state, perceive-state, perceive-state-keep1, ppo, grpo, grpo-replies, keep1-replies (VARIANTS)
     python benchmarks/learn_multiturn.py report          # docs/learning/multiturn.md: start / end with 95 % CIs
     ragen-trainer plot docs/learning/runs/frozenlake -o docs/learning/frozenlake.png
 
@@ -73,7 +73,8 @@ TRAIN_FIELDS: dict[str, str] = {
 #: ``grpo-replies`` is ``grpo`` with the replies alone trained (``loss_mask: replies``, today's reference) instead of
 #: every token after the system prompt (the paper's runs): the one change that tests whether vanilla GRPO's fall on
 #: FrozenLake comes from its trajectory-level advantage on the environment's text (docs/learning.md, "Why vanilla
-#: GRPO fell off").
+#: GRPO fell off"). ``keep1-replies`` is ``keep1`` with the replies alone trained: under the paper's mask 88 % of a
+#: FrozenLake batch's trained tokens are the environment's text, whose gradient says nothing about which move to make.
 #: ``perceive-state`` is ``mixed-state`` after a *perception stage* (:data:`PERCEPTION_VARIANTS`) and on the grid
 #: written one token per cell (FrozenLake's ``cell_separator=" "``, not the paper's rendering): the ``mixed-state``
 #: warm-ups wrote one and the same (false) state in every state, while SFT on the state alone, with short answers,
@@ -85,6 +86,7 @@ PERCEIVE_STATE = {"max_new_tokens": "96", "env_kwargs": SPACED}
 VARIANTS: dict[str, dict[str, str]] = {
     "base": {}, "keep1": {"filter_ratio": "1.0"}, "mixed": {}, "mixed-state": {"max_new_tokens": "96"},
     "ppo": {"config": "ppo"}, "grpo": {"config": "grpo"}, "grpo-replies": {"config": "grpo", "loss_mask": "replies"},
+    "keep1-replies": {"filter_ratio": "1.0", "loss_mask": "replies"},
     "perceive-state": PERCEIVE_STATE, "perceive-state-keep1": {**PERCEIVE_STATE, "filter_ratio": "1.0"},
 }
 #: Variants that train from another variant's warm-up (its perception stage, warm-up and check, in its folders):
