@@ -3,6 +3,7 @@
     python -m pytest benchmarks/test_hot_paths.py --benchmark-only -m quick --benchmark-json=hot.json
     python benchmarks/compare_hot_paths.py hot.json            # exit 1 when a ratio is over 1.2 x its baseline
     python benchmarks/compare_hot_paths.py hot.json --update   # write hot.json's ratios as the new baselines
+    python benchmarks/compare_hot_paths.py a.json b.json c.json --update   # or the median of several reports'
 
 ``bash scripts/check_hot_paths.sh`` runs the first two (CI runs it after the main suite); after a deliberate change
 of speed, ``bash scripts/check_hot_paths.sh hot.json`` and then ``--update`` with that report save new baselines
@@ -13,6 +14,11 @@ same round (``benchmarks/test_hot_paths.py`` says why each part: long timed unit
 to back, the median, CPU time), so a slower or busier machine slows both and leaves the ratio alone; a change that
 makes ragen's path slower than it was, relative to the same work done plainly, moves it. Prints a table of every
 group, with the spread of its rounds' ratios (the middle half: 25th to 75th percentile).
+
+What the rounds cannot absorb is a shift of a whole run: on a shared host the same code's scoring ratio measured
+0.192-0.228 in nine runs of one morning (docs/performance.md, "Saving baselines"), so one run's ratio is a poor
+baseline. Given several reports, each group's ratio is the median of the reports' own ratios; save baselines from at
+least three runs of the same code.
 """
 
 from __future__ import annotations
@@ -48,23 +54,44 @@ def ratios(report: dict) -> dict[str, dict[str, float]]:
     return out
 
 
+def combined(rows: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Several reports' :func:`ratios` as one: per group present in every report, the median of the reports' ratios
+    and times, the lowest 25th and highest 75th percentile, the rounds added up (one report: itself)."""
+    if len(rows) == 1:
+        return rows[0]
+    groups = [g for g in rows[0] if all(g in r for r in rows[1:])]
+    return {g: {"ratio": statistics.median(r[g]["ratio"] for r in rows),
+                "low": min(r[g]["low"] for r in rows), "high": max(r[g]["high"] for r in rows),
+                "rounds": sum(r[g]["rounds"] for r in rows),
+                "ragen": statistics.median(r[g]["ragen"] for r in rows),
+                "reference": statistics.median(r[g]["reference"] for r in rows)} for g in groups}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("report", help="the JSON pytest-benchmark wrote (--benchmark-json)")
+    parser.add_argument("reports", nargs="+", metavar="report",
+                        help="the JSON pytest-benchmark wrote (--benchmark-json); several: the median of their ratios")
     parser.add_argument("--baselines", default=str(BASELINES), help="the saved baselines (default: %(default)s)")
     parser.add_argument("--update", action="store_true", help="save this report's ratios as the baselines")
     args = parser.parse_args(argv)
-    try:
-        current = ratios(json.loads(Path(args.report).read_text(encoding="utf-8")))
-    except (OSError, ValueError) as exc:
-        print(f"compare_hot_paths: error: cannot read {args.report}: {exc}", file=sys.stderr)
-        return 2
-    except (AttributeError, KeyError, TypeError) as exc:  # JSON, but not shaped as pytest-benchmark writes it
-        print(f"compare_hot_paths: error: {args.report} is not a pytest-benchmark report: {exc!r}", file=sys.stderr)
-        return 2
+    per_report = []
+    for report in args.reports:
+        try:
+            rows = ratios(json.loads(Path(report).read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            print(f"compare_hot_paths: error: cannot read {report}: {exc}", file=sys.stderr)
+            return 2
+        except (AttributeError, KeyError, TypeError) as exc:  # JSON, but not shaped as pytest-benchmark writes it
+            print(f"compare_hot_paths: error: {report} is not a pytest-benchmark report: {exc!r}", file=sys.stderr)
+            return 2
+        if not rows:
+            print(f"compare_hot_paths: error: {report} holds no paired rounds of ragen and reference (a report of "
+                  "benchmarks/test_hot_paths.py, written with --benchmark-json)", file=sys.stderr)
+            return 2
+        per_report.append(rows)
+    current = combined(per_report)
     if not current:
-        print(f"compare_hot_paths: error: {args.report} holds no paired rounds of ragen and reference (a report of "
-              "benchmarks/test_hot_paths.py, written with --benchmark-json)", file=sys.stderr)
+        print(f"compare_hot_paths: error: no benchmark group is in all of {', '.join(args.reports)}", file=sys.stderr)
         return 2
     saved_path = Path(args.baselines)
     try:
@@ -80,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         merged = {**saved, **{g: round(v["ratio"], 4) for g, v in current.items()}}
         saved_path.parent.mkdir(parents=True, exist_ok=True)
         saved_path.write_text(json.dumps(merged, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        print(f"saved {len(current)} baseline ratio(s) to {saved_path}")
+        print(f"saved {len(current)} baseline ratio(s) from {len(per_report)} report(s) to {saved_path}")
         return 0
     print(f"{'group':<10} {'ragen s':>9} {'reference s':>12} {'rounds':>6} {'ratio':>7} {'middle half':>13} "
           f"{'baseline':>9} {'change':>8}  verdict")

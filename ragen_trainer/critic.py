@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from torch import nn
 
 from ragen_trainer.engines.hf.transformers_api import last_hidden_state, text_config
 from ragen_trainer.losses import entropy_from_logits
+from ragen_trainer.packing import LAYOUT_KWARG, packed_forward
 
 #: Name of the critic sub-module on the policy model, and prefix of its keys in ``state_dict``.
 CRITIC_ATTR = "ragen_critic"
@@ -156,7 +158,8 @@ class PolicyWithCritic:
     def hidden_states(self, inputs: Mapping[str, Any]) -> torch.Tensor:
         """The policy's last hidden state ``[B, L, d]`` on ``inputs`` (the model's keyword arguments: ``input_ids``,
         and ``attention_mask`` or a packed layout, :meth:`ragen_trainer.packing.PackedBatch.model_inputs`)."""
-        return last_hidden_state(self.model, self.module.get_decoder(), dict(inputs))
+        with _forward_context(inputs):
+            return last_hidden_state(self.model, self.module.get_decoder(), dict(inputs))
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The policy's logits ``[..., vocab]`` from hidden states ``[..., d]``: the LM head, then the model's scale
@@ -190,7 +193,13 @@ class PolicyWithCritic:
             raise ValueError("the critic's values need a critic: call attach_critic(model, kind) first")
         if isinstance(self.critic, ValueHead):
             return self.critic(self.hidden_states(inputs) if hidden is None else hidden)
-        return self.critic(**inputs)
+        with _forward_context(inputs):
+            return self.critic(**inputs)
+
+
+def _forward_context(inputs: Mapping[str, Any]) -> AbstractContextManager[None]:
+    """A packed row's forward builds no attention mask (:func:`ragen_trainer.packing.packed_forward`)."""
+    return packed_forward() if LAYOUT_KWARG in inputs else nullcontext()
 
 
 #: Logit entries (positions x vocabulary) computed at once by :func:`chunked_token_logprobs`: 2**25 float32 values,
@@ -207,9 +216,14 @@ def chunked_token_logprobs(hidden: torch.Tensor, lm_head: Callable[[torch.Tensor
     chunk's logits whatever ``n`` is. Returns float32 ``[n]`` tensors (entropy ``None`` unless asked)."""
 
     def piece(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = lm_head(h).float() / temperature
-        logp = torch.log_softmax(logits, dim=-1).gather(-1, t.unsqueeze(-1)).squeeze(-1)
-        return logp, entropy_from_logits(logits) if entropy else logp.new_zeros(())
+        logits = lm_head(h).float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        # log p(t) = z_t - logsumexp(z): the same value as log_softmax(z)[t] without writing a [chunk, vocab]
+        # log_softmax (30-40 % of this function's time on SmolLM2's vocabulary, benchmarks/test_hot_paths.py scoring)
+        log_z = torch.logsumexp(logits, dim=-1)
+        logp = logits.gather(-1, t.unsqueeze(-1)).squeeze(-1) - log_z
+        return logp, entropy_from_logits(logits, log_z) if entropy else logp.new_zeros(())
 
     n = hidden.shape[0]
     rows = max(1, chunk_elements // max(vocab, 1))

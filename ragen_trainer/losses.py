@@ -187,12 +187,15 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     raise ValueError(f"invalid argument kl_estimator={estimator!r}: expected 'k1' or 'k3'")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Per-position entropy of the categorical distribution ``softmax(logits)``: ``logsumexp(z) - sum(p * z)``."""
+def entropy_from_logits(logits: torch.Tensor, log_z: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-position entropy of the categorical distribution ``softmax(logits)``: ``logsumexp(z) - sum(p * z)``.
+    ``log_z``, when the caller already has ``logsumexp(logits)``, saves computing it again."""
     logits = logits.float()
-    log_z = torch.logsumexp(logits, dim=-1)
+    if log_z is None:
+        log_z = torch.logsumexp(logits, dim=-1)
     probs = torch.softmax(logits, dim=-1)
-    return log_z - (probs * logits).sum(-1)
+    # a dot product per position: no [positions, vocab] product tensor written and read back
+    return log_z - torch.linalg.vecdot(probs, logits)
 
 
 def value_loss(

@@ -21,7 +21,9 @@ in its micro-batch, or ``share_prefixes=False``, is packed whole (no padding sti
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,7 +177,26 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     return attn.transpose(1, 2).contiguous(), None
 
 
-transformers_api.register_attention(packed_attention, ATTENTION_NAME, sdpa_masks=True)  # unpacked calls: SDPA's masks
+#: True while a forward on a packed row runs (:func:`packed_forward`).
+_PACKED_FORWARD: ContextVar[bool] = ContextVar("ragen_packed_forward", default=False)
+
+
+@contextmanager
+def packed_forward() -> Iterator[None]:
+    """Run a model's forward on a :class:`PackedBatch` (its :meth:`~PackedBatch.model_inputs`) inside this, and the
+    model builds no attention mask for it. Without it, ``transformers`` reads the row's restarting position ids as
+    packed sequences and builds a boolean ``[L, L]`` mask before the layers run, which :func:`packed_attention` never
+    reads (it masks block by block): memory quadratic in the row's length, and a quarter of a scoring pass's time on
+    the hot-path benchmark (``benchmarks/test_hot_paths.py``, group ``scoring``)."""
+    token = _PACKED_FORWARD.set(True)
+    try:
+        yield
+    finally:
+        _PACKED_FORWARD.reset(token)
+
+
+# unpacked calls get SDPA's masks (packed_attention hands them to SDPA); packed forwards, none
+transformers_api.register_attention(packed_attention, ATTENTION_NAME, sdpa_masks=True, skip_masks=_PACKED_FORWARD.get)
 
 
 def use_packed_attention(model: torch.nn.Module) -> None:
@@ -187,5 +208,5 @@ def use_packed_attention(model: torch.nn.Module) -> None:
             sub.set_attn_implementation(ATTENTION_NAME)
 
 
-__all__ = ["ATTENTION_NAME", "Block", "PackedBatch", "pack", "packed_attention", "shared_prefix_length",
-           "use_packed_attention"]
+__all__ = ["ATTENTION_NAME", "Block", "PackedBatch", "pack", "packed_attention", "packed_forward",
+           "shared_prefix_length", "use_packed_attention"]

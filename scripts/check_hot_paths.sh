@@ -3,12 +3,14 @@
 # computations, and their ratios held against the baselines saved in benchmarks/baselines/hot_paths.json
 # (benchmarks/compare_hot_paths.py fails on a ratio more than 20 % over its baseline).
 # Usage: bash scripts/check_hot_paths.sh [report.json]   (CI runs it after the main suite; 1.5-2 minutes on 2 cores)
-# New baselines after a deliberate change: python benchmarks/compare_hot_paths.py report.json --update
+# New baselines after a deliberate change: three reports of the same code, then
+#   python benchmarks/compare_hot_paths.py a.json b.json c.json --update   (the median of their ratios)
 #
 # One attempt, no retry: each ratio is the median of 21 paired rounds (11 for decode) of CPU time over units of about
 # a quarter second, which another job on the machine does not move by more than a few per cent (docs/performance.md,
 # "The hot-path check under load": every ratio of 10 runs beside a two-process training sweep). A retry would only
-# hide a flaky check; a real slowdown fails both attempts anyway.
+# hide a flaky check; a real slowdown fails both attempts anyway. What the rounds cannot absorb is the host shifting a
+# whole run (up to 18 % on 2026-11-29, "Saving baselines"): hence baselines from the median of three runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

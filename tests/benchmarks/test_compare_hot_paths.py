@@ -44,6 +44,22 @@ def test_update_saves_then_compare_passes_within_tolerance_and_fails_beyond(tmp_
     assert "REGRESSION" in captured.out and "middle half" in captured.out
 
 
+def test_several_reports_give_the_median_of_their_ratios(tmp_path, capsys):
+    """A run-wide shift (one report's every round slower) is what the rounds cannot absorb: baselines saved from
+    several reports take the median of the reports' ratios, and only groups every report has."""
+    baselines = str(tmp_path / "hot.json")
+    reports = [_report(tmp_path / "a.json", scoring=[0.19, 0.19, 0.2], decode=[0.4]),
+               _report(tmp_path / "b.json", scoring=[0.23, 0.22, 0.22]),
+               _report(tmp_path / "c.json", scoring=[0.21, 0.21, 0.5], decode=[0.4])]
+    assert compare_hot_paths.main([*reports, "--baselines", baselines, "--update"]) == 0
+    assert json.loads(Path(baselines).read_text()) == {"scoring": 0.21}
+    assert "from 3 report(s)" in capsys.readouterr().out
+    assert compare_hot_paths.main([reports[1], "--baselines", baselines]) == 0  # +4.8 %
+    disjoint = _report(tmp_path / "d.json", decode=[0.4])
+    assert compare_hot_paths.main([reports[1], disjoint, "--baselines", baselines]) == 2
+    assert "no benchmark group is in all of" in capsys.readouterr().err
+
+
 def test_a_report_without_rounds_or_bad_baselines_is_an_error(tmp_path, capsys):
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"benchmarks": []}), encoding="utf-8")

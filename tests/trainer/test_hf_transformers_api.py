@@ -170,3 +170,32 @@ def test_the_last_hidden_state_comes_from_the_models_own_forward_without_logits(
     assert decoder._forward_hooks == decoder_hooks  # the catching hook is gone
     hidden.sum().backward()  # the gradient reaches the weights through the model's call
     assert decoder.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+def test_skip_masks_makes_the_model_build_no_mask_while_it_is_true(tiny_model):
+    """Registered with ``skip_masks``, a function gets ``None`` for a mask while ``skip_masks()`` is true -- even for
+    position ids that restart, which ``transformers`` would read as packed sequences and build an ``[L, L]`` mask for
+    -- and SDPA's masks otherwise."""
+    model = tiny_model.eval()
+    ids = torch.tensor([[5, 17, 42, 8, 99, 3]])
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2]])  # two packed sequences of three
+    skip = [False]
+    masks = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        masks.append(attention_mask)
+        return api.sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
+
+    before = api.attention_implementation(model)
+    api.register_attention(recording, "ragen_test_skip_masks", sdpa_masks=True, skip_masks=lambda: skip[0])
+    api.set_attention_implementation(model, "ragen_test_skip_masks")
+    try:
+        with torch.no_grad():
+            model(ids, position_ids=positions, use_cache=False)
+            built, masks[:] = list(masks), []
+            skip[0] = True
+            model(ids, position_ids=positions, use_cache=False)
+    finally:
+        api.set_attention_implementation(model, before)
+    assert built and all(isinstance(m, torch.Tensor) and m.shape[-2:] == (6, 6) for m in built)
+    assert masks and all(m is None for m in masks)

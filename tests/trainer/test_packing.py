@@ -151,25 +151,59 @@ def test_a_training_step_is_the_same_with_and_without_shared_prefixes(tmp_path, 
         assert shared.history[-1][key] == pytest.approx(unshared.history[-1][key], rel=1e-4, abs=1e-6), key
 
 
-def test_chunked_log_probs_match_whole_logits_and_keep_their_gradient():
-    """The LM head in chunks (recomputed in the backward pass) gives what whole logits give, values and gradients."""
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+def test_chunked_log_probs_match_whole_logits_and_keep_their_gradient(temperature):
+    """The LM head in chunks (recomputed in the backward pass) gives what whole logits give, values and gradients:
+    ``log_softmax`` and ``-sum(p log p)`` written out, against ragen's ``z_t - logsumexp(z)`` and shared ``logsumexp``."""
     from ragen_trainer.critic import chunked_token_logprobs
-    from ragen_trainer.losses import entropy_from_logits
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 50, bias=False)
     hidden = torch.randn(37, 16, requires_grad=True)
     targets = torch.randint(0, 50, (37,))
-    logits = head(hidden).float() / 0.7
-    want_lp = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
-    want_ent = entropy_from_logits(logits)
+    logits = head(hidden).float() / temperature
+    log_probs = torch.log_softmax(logits, -1)
+    want_lp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    want_ent = -(log_probs.exp() * log_probs).sum(-1)
     (want_lp.sum() + 0.3 * want_ent.sum()).backward()
     want_grads = (hidden.grad.clone(), head.weight.grad.clone())
     hidden.grad, head.weight.grad = None, None
-    lp, ent = chunked_token_logprobs(hidden, head, targets, vocab=50, temperature=0.7, entropy=True,
+    lp, ent = chunked_token_logprobs(hidden, head, targets, vocab=50, temperature=temperature, entropy=True,
                                      chunk_elements=8 * 50)  # 8 positions a chunk: 5 chunks
     (lp.sum() + 0.3 * ent.sum()).backward()
     torch.testing.assert_close(lp, want_lp)
     torch.testing.assert_close(ent, want_ent)
     torch.testing.assert_close(hidden.grad, want_grads[0])
     torch.testing.assert_close(head.weight.grad, want_grads[1])
+
+
+def test_a_packed_forward_builds_no_attention_mask(tmp_path, tiny_tokenizer):
+    """The packed attention masks block by block, so a packed forward must not make ``transformers`` build the
+    ``[L, L]`` mask it would for the row's restarting position ids (memory quadratic in the row); an ordinary padded
+    forward of the same model still gets SDPA's mask."""
+    from transformers import AttentionInterface
+
+    from ragen_trainer.packing import ATTENTION_NAME, packed_attention
+
+    trajs = _rollouts(tmp_path, tiny_tokenizer, "ragen/FrozenLake-v0")
+    mask = action_mask(trajs, max(len(t.input_ids) for t in trajs) - 1)
+    model = build_tiny_model(tiny_tokenizer).eval()
+    use_packed_attention(model)
+    masks = []
+
+    def recording(module, query, key, value, attention_mask, **kwargs):
+        masks.append(attention_mask)
+        return packed_attention(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register(ATTENTION_NAME, recording)
+    try:
+        with torch.no_grad():
+            token_logprobs(PolicyWithCritic(model), pack(trajs, mask), mask, temperature=1.0, entropy=False,
+                           values=False)
+            packed_masks, masks[:] = list(masks), []
+            ids, attn = padded_batch(trajs)
+            model(input_ids=ids, attention_mask=attn)
+    finally:
+        AttentionInterface.register(ATTENTION_NAME, packed_attention)
+    assert packed_masks and all(m is None for m in packed_masks)
+    assert masks and all(isinstance(m, torch.Tensor) for m in masks)  # the padded rows need theirs

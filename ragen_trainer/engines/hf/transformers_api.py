@@ -82,17 +82,27 @@ def attention_shape(model: Any) -> tuple[int, int, int]:
     return heads, dim, config.num_hidden_layers
 
 
-def register_attention(function: Callable[..., Any], name: str = ATTENTION_NAME, *, sdpa_masks: bool = False) -> None:
+def register_attention(function: Callable[..., Any], name: str = ATTENTION_NAME, *, sdpa_masks: bool = False,
+                       skip_masks: Callable[[], bool] | None = None) -> None:
     """Make ``function`` the attention implementation named ``name`` (idempotent).
 
     ``transformers`` calls it as ``function(module, query, key, value, attention_mask, scaling=..., dropout=...,
     **kwargs)`` with ``query`` / ``key`` / ``value`` ``[batch, heads, tokens, dim]`` and expects
     ``(output [batch, tokens, heads, dim], attention weights or None)``. With ``sdpa_masks`` the model builds the
     ``attention_mask`` it passes as it would for SDPA (so the function can hand unusual calls to
-    :func:`sdpa_attention_forward`); without, ``transformers``' default for a name it does not know."""
+    :func:`sdpa_attention_forward`), except while ``skip_masks()`` is true: then it builds none and passes ``None``
+    (for calls the function masks by itself); without ``sdpa_masks``, ``transformers``' default for a name it does
+    not know."""
     AttentionInterface.register(name, function)
     if sdpa_masks:
-        AttentionMaskInterface.register(name, sdpa_mask)
+        AttentionMaskInterface.register(name, sdpa_mask if skip_masks is None else _sdpa_mask_unless(skip_masks))
+
+
+def _sdpa_mask_unless(skip: Callable[[], bool]) -> Callable[..., Any]:
+    def mask(*args: Any, **kwargs: Any) -> Any:
+        return None if skip() else sdpa_mask(*args, **kwargs)
+
+    return mask
 
 
 def attention_implementation(model: Any) -> str | None:
