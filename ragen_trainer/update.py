@@ -106,6 +106,9 @@ class TrainingBatch:
 
     kept: list[Trajectory]
     mask: torch.Tensor
+    replies: torch.Tensor
+    """The trained positions that predict the model's own replies (:func:`reply_mask` times ``mask``): the rest of
+    ``mask`` is the environment's text and the template, trained under ``loss_mask="after_system"``."""
     advantages: torch.Tensor
     returns: torch.Tensor
     """GAE's value targets (zeros under GRPO)."""
@@ -171,12 +174,13 @@ def compute_advantages(config: Any, kept: list[Trajectory], scores: dict[str, li
         "batch/model_tokens": n_tok,
         "reward/kl_penalty": float(kl_penalty_tokens.sum() / max(len(kept), 1)),
     }
-    metrics.update(context_advantage_metrics(advantages, mask, reply_mask(kept, width) * mask))
+    replies = reply_mask(kept, width) * mask
+    metrics.update(context_advantage_metrics(advantages, mask, replies))
     if values is not None:
         metrics["critic/values_mean"] = float((values * mask).sum() / max(n_tok, 1.0))
         metrics["critic/returns_mean"] = float((returns * mask).sum() / max(n_tok, 1.0))
-    batch = TrainingBatch(kept=kept, mask=mask, advantages=advantages, returns=returns, values=values,
-                          old_logprobs=old, ref_logprobs=ref)
+    batch = TrainingBatch(kept=kept, mask=mask, replies=replies, advantages=advantages, returns=returns,
+                          values=values, old_logprobs=old, ref_logprobs=ref)
     return batch, metrics
 
 
@@ -235,7 +239,7 @@ def micro_batches(batch: TrainingBatch, members: list[int], *, micro_batch_size:
             "rows": chunk,
             "packed": pack(trajs, mask, share_prefixes=share_prefixes),
             "mask": mask,
-            "reply_mask": reply_mask(trajs, width) * mask,
+            "reply_mask": rows(batch.replies) * weight,
             "advantages": rows(batch.advantages),
             "returns": rows(batch.returns),
             "old_values": rows(batch.values),

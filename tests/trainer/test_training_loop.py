@@ -15,7 +15,7 @@ pytest.importorskip("pettingzoo")
 from ragen_trainer.config import load_config
 from ragen_trainer.trainer import StarPOTrainer
 from ragen_trainer.trajectory import Trajectory
-from ragen_trainer.update import TrainingBatch, micro_batches
+from ragen_trainer.update import TrainingBatch, micro_batches, reply_mask
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 from tests.trainer.test_selfplay import GAME_KWARGS, legal_tictactoe_move
 from tests.trainer.test_trainer import read_metrics
@@ -85,8 +85,8 @@ def test_micro_batches_cover_a_mini_batch_and_keep_processes_in_step():
     zeros = torch.zeros(len(kept), width)
     mask = torch.stack([torch.tensor([float(x) for x in t.loss_mask[1:]] + [0.0] * (width - len(t.loss_mask) + 1))
                         for t in kept])
-    batch = TrainingBatch(kept=kept, mask=mask, advantages=zeros, returns=zeros, values=None, old_logprobs=zeros,
-                          ref_logprobs=None)
+    batch = TrainingBatch(kept=kept, mask=mask, replies=reply_mask(kept, width) * mask, advantages=zeros,
+                          returns=zeros, values=None, old_logprobs=zeros, ref_logprobs=None)
     seen = []
     counts = set()
     for rank in range(4):
@@ -94,6 +94,10 @@ def test_micro_batches_cover_a_mini_batch_and_keep_processes_in_step():
                                micro_size=1)
         counts.add(len(micros))
         seen += [i for m in micros if m["mask"].sum() > 0 for i in m["rows"]]
+        for m in micros:  # the batch's reply positions, sliced to the micro-batch (zero where its weight is)
+            trajs = [kept[i] for i in m["rows"]]
+            own = reply_mask(trajs, max(len(t.input_ids) for t in trajs) - 1) * m["mask"]
+            assert torch.equal(m["reply_mask"], own) and (m["reply_mask"].sum() > 0) == (m["mask"].sum() > 0)
     assert counts == {2} and sorted(seen) == list(range(7))
 
 
