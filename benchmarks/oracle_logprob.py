@@ -74,7 +74,6 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,7 +89,7 @@ from ragen_envs.driver import Episode, EpisodeJob, _start_episode  # the driver'
 from ragen_envs.frozen_lake import ACTIONS, reach_values, transition_model
 from ragen_envs.parsing import parse_reply
 from ragen_envs.protocol import TurnProtocol, find_protocol
-from ragen_envs.sokoban.solver import solve
+from ragen_envs.sokoban.solver import move, solve
 from ragen_trainer.engines.base import SamplingParams
 from ragen_trainer.engines.hf import HFEngine
 from ragen_trainer.engines.hf.transformers_api import cache_keyword
@@ -127,28 +126,6 @@ def frozen_lake_optimal(ctx: Episode) -> tuple[list[str], list[float]]:
     return [ACTIONS[a] for a in range(len(ACTIONS)) if q[a] >= best - TIE_TOLERANCE], [float(v) for v in q]
 
 
-_SOKOBAN_DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
-
-
-def sokoban_move(fixed: np.ndarray, boxes: Sequence[tuple[int, int]], player: tuple[int, int], action: str
-                 ) -> tuple[tuple[tuple[int, int], ...], tuple[int, int]]:  # fmt: skip
-    """One Sokoban move by the rules (as ``ragen_envs.sokoban.solver.replay`` plays it): ``(boxes, player)`` after."""
-    dr, dc = _SOKOBAN_DELTAS[action]
-    rows, cols = fixed.shape
-    box_set = {tuple(b) for b in boxes}
-    r, c = player
-    nr, nc = r + dr, c + dc
-    if not (0 <= nr < rows and 0 <= nc < cols) or fixed[nr, nc] == 0:
-        return tuple(sorted(box_set)), (r, c)
-    if (nr, nc) in box_set:
-        br, bc = nr + dr, nc + dc
-        if not (0 <= br < rows and 0 <= bc < cols) or fixed[br, bc] == 0 or (br, bc) in box_set:
-            return tuple(sorted(box_set)), (r, c)
-        box_set.discard((nr, nc))
-        box_set.add((br, bc))
-    return tuple(sorted(box_set)), (nr, nc)
-
-
 def sokoban_optimal(ctx: Episode) -> tuple[list[str], list[float]]:
     """The move-optimal first actions of a Sokoban position, and each action's moves-to-go after it (``inf``: it
     does not move the player or leads to an unsolvable position). ``[]`` when the solver finds no solution."""
@@ -160,7 +137,7 @@ def sokoban_optimal(ctx: Episode) -> tuple[list[str], list[float]]:
         return [], [math.inf] * len(base.action_names)
     togo = []
     for action in base.action_names:
-        boxes, player = sokoban_move(np.asarray(level.fixed), level.boxes, level.player, action)
+        boxes, player = move(np.asarray(level.fixed), level.boxes, level.player, action)
         if player == tuple(level.player):
             togo.append(math.inf)
             continue

@@ -247,27 +247,43 @@ def solve_level(level, **kwargs) -> Solution | None:
     return solve(level.fixed, level.boxes, level.player, **kwargs)
 
 
-def replay(
-    fixed: np.ndarray, boxes: Iterable[tuple[int, int]], player: tuple[int, int], actions: Iterable[str]
-) -> bool:
-    """Play ``actions`` by the rules (independently of the search) and say whether every box ends on a target."""
+def move(
+    fixed: np.ndarray, boxes: Iterable[tuple[int, int]], player: tuple[int, int], action: str
+) -> tuple[tuple[tuple[int, int], ...], tuple[int, int]]:
+    """One move by the rules (``fixed``: 0 wall, 2 target, else floor): ``(boxes, player)`` after it, the boxes
+    sorted. A move into a wall, off the grid, or pushing a box into a wall or another box changes nothing."""
     grid = np.asarray(fixed)
     rows, cols = grid.shape
     box_set = set(map(tuple, boxes))
     r, c = player
+    dr, dc = _DELTAS[ACTIONS.index(action)]
+    nr, nc = r + dr, c + dc
+    if not (0 <= nr < rows and 0 <= nc < cols) or grid[nr, nc] == 0:
+        return tuple(sorted(box_set)), (r, c)
+    if (nr, nc) in box_set:
+        br, bc = nr + dr, nc + dc
+        if not (0 <= br < rows and 0 <= bc < cols) or grid[br, bc] == 0 or (br, bc) in box_set:
+            return tuple(sorted(box_set)), (r, c)
+        box_set.discard((nr, nc))
+        box_set.add((br, bc))
+    return tuple(sorted(box_set)), (nr, nc)
+
+
+def solved(fixed: np.ndarray, boxes: Iterable[tuple[int, int]]) -> bool:
+    """Whether every box is on a target."""
+    grid = np.asarray(fixed)
+    return all(grid[tuple(b)] == 2 for b in boxes)
+
+
+def replay(
+    fixed: np.ndarray, boxes: Iterable[tuple[int, int]], player: tuple[int, int], actions: Iterable[str]
+) -> bool:
+    """Play ``actions`` by the rules (:func:`move`, independently of the search) and say whether every box ends on a
+    target."""
+    position = (tuple(map(tuple, boxes)), tuple(player))
     for a in actions:
-        dr, dc = _DELTAS[ACTIONS.index(a)]
-        nr, nc = r + dr, c + dc
-        if not (0 <= nr < rows and 0 <= nc < cols) or grid[nr, nc] == 0:
-            continue
-        if (nr, nc) in box_set:
-            br, bc = nr + dr, nc + dc
-            if not (0 <= br < rows and 0 <= bc < cols) or grid[br, bc] == 0 or (br, bc) in box_set:
-                continue
-            box_set.discard((nr, nc))
-            box_set.add((br, bc))
-        r, c = nr, nc
-    return all(grid[b] == 2 for b in box_set)
+        position = move(fixed, *position, a)
+    return solved(fixed, position[0])
 
 
 def solve_env(env, **kwargs) -> Solution | None:
