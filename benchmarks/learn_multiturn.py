@@ -180,14 +180,19 @@ def gain_interval(start: float, end: float, n: int, z: float = 1.96) -> tuple[fl
 
 
 def run_minutes(folder: Path) -> str:
-    """A run's wall-clock minutes as its summary records them; a resumed run's summary times only its last segment,
-    and says so ("44 since checkpoint-26"); "unfinished" without a summary (still training, or killed before it
-    could write one)."""
+    """A run's wall-clock minutes as its summary records them: every segment's together where the summary lists them
+    all from the first ("96 in 3 segments"), else the last segment's, and it says so ("44 since checkpoint-26": a
+    summary written before segments were kept, or after a segment that ended without one); "unfinished" without a
+    summary (still training, or killed before it could write one)."""
     try:
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         minutes = f"{summary['wall_seconds'] / 60:.0f}"
     except (OSError, ValueError, KeyError, TypeError):
         return "unfinished"
+    segments, total = summary.get("segments"), summary.get("total_wall_seconds")
+    if (isinstance(segments, list) and segments and isinstance(segments[0], dict)
+            and segments[0].get("resumed_from") is None and isinstance(total, (int, float))):
+        return f"{total / 60:.0f}" + (f" in {len(segments)} segments" if len(segments) > 1 else "")
     resumed = summary.get("resumed_from")
     return f"{minutes} since {Path(str(resumed)).name}" if resumed else minutes
 

@@ -712,8 +712,31 @@ class StarPOTrainer:
                                          total_steps=self.cfg.total_steps)
         return self._logger
 
+    def _earlier_segments(self, result: TrainResult) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """A resumed run's earlier segments, as its ``summary.json`` holds them before this one replaces it (each
+        ``{resumed_from, steps, wall_seconds, interrupted}``; a summary written before segments were kept counts as
+        one), and that summary's ``last_metrics``: a segment stopped before its first step keeps the run's record
+        instead of blanking it. Nothing for a run that starts from scratch, or without a readable summary."""
+        if result.resumed_from is None:
+            return [], {}
+        try:
+            earlier = json.loads((Path(self.cfg.output_dir) / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return [], {}
+        if not isinstance(earlier, dict):
+            return [], {}
+        segments = earlier.get("segments")
+        if not (isinstance(segments, list) and all(isinstance(s, dict) for s in segments)):
+            segments = [{key: earlier.get(key) for key in ("resumed_from", "steps", "wall_seconds", "interrupted")}]
+        last = earlier.get("last_metrics")
+        return segments, last if isinstance(last, dict) else {}
+
     def _write_summary(self, result: TrainResult, seconds: float, save_error: str | None) -> None:
         cfg = self.cfg
+        earlier, earlier_last = self._earlier_segments(result)
+        segments = [*earlier, {"resumed_from": result.resumed_from, "steps": result.global_step,
+                               "wall_seconds": round(seconds, 2), "interrupted": result.interrupted}]
+        walls = [s.get("wall_seconds") for s in segments]
         summary = {
             "env_id": cfg.env_id,
             "model": cfg.model,
@@ -729,7 +752,10 @@ class StarPOTrainer:
             "peak_rss_gb": round(peak_rss_bytes() / 1e9, 3),
             "final_validation": result.metrics,
             "validation": self.val_history,
-            "last_metrics": self.history[-1] if self.history else {},
+            "last_metrics": self.history[-1] if self.history else earlier_last,
+            # Every segment of a resumed run (the fields above describe the last one); the total where each is known.
+            "segments": segments,
+            "total_wall_seconds": round(sum(walls), 2) if all(isinstance(w, (int, float)) for w in walls) else None,
         }
         atomic_write_json(Path(cfg.output_dir) / "summary.json", _finite(summary), indent=2, default=float)
         if self._logger is not None:

@@ -297,3 +297,20 @@ def test_a_resumed_runs_minutes_say_they_time_its_last_segment_only(tmp_path):
     assert "| frozenlake | perceive-state | 0 | frozenlake | 40 | 44 since checkpoint-26 | 0.200" in table
     (folder / "summary.json").write_text("{not json")
     assert learn_multiturn.run_minutes(folder) == "unfinished"
+
+
+def test_a_resumed_runs_minutes_add_up_its_segments_when_its_summary_lists_them_all(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    segments = [{"resumed_from": None, "steps": 26, "wall_seconds": 3000, "interrupted": True},
+                {"resumed_from": "checkpoint-26", "steps": 40, "wall_seconds": 2640, "interrupted": False}]
+    summary = {"steps": 40, "wall_seconds": 2640, "resumed_from": str(folder / "checkpoint-26"), "segments": segments,
+               "total_wall_seconds": 5640}
+    (folder / "summary.json").write_text(json.dumps(summary))
+    assert learn_multiturn.run_minutes(folder) == "94 in 2 segments"
+    (folder / "summary.json").write_text(json.dumps({**summary, "segments": segments[:1], "total_wall_seconds": 3000,
+                                                     "resumed_from": None}))
+    assert learn_multiturn.run_minutes(folder) == "50"
+    # The first segment unknown (its summary was never written): the last segment's minutes, said so.
+    (folder / "summary.json").write_text(json.dumps({**summary, "segments": segments[1:]}))
+    assert learn_multiturn.run_minutes(folder) == "44 since checkpoint-26"

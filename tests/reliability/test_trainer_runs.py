@@ -66,8 +66,14 @@ def test_a_full_disk_during_a_checkpoint_says_so_and_keeps_the_previous_one(tmp_
 
     monkeypatch.undo()  # space was freed: the same command continues from checkpoint-1
     assert cli.main(_args(tiny_model_dir, out, "--total_steps", "3", "--save_steps", "1")) == 0
-    assert json.loads((out / "summary.json").read_text())["resumed_from"] == str(out / "checkpoint-1")
+    resumed = json.loads((out / "summary.json").read_text())
+    assert resumed["resumed_from"] == str(out / "checkpoint-1")
     assert (out / "final" / "model.safetensors").is_file()
+    # Both segments are on record: the one the full disk stopped at step 2, and the one that finished from step 1.
+    first, second = resumed["segments"]
+    assert first["resumed_from"] is None and first["steps"] == 2 and first["interrupted"] is False
+    assert second["resumed_from"] == str(out / "checkpoint-1") and second["steps"] == 3
+    assert resumed["total_wall_seconds"] == pytest.approx(first["wall_seconds"] + second["wall_seconds"], abs=0.02)
 
 
 def test_a_full_disk_during_the_final_save_says_so(tmp_path, tiny_model_dir, monkeypatch, capsys):

@@ -247,6 +247,34 @@ def test_ctrl_c_saves_then_resume_continues(tmp_path, tiny_tokenizer):
     assert (out / "final" / "config.json").is_file()
 
 
+def test_a_segment_stopped_before_its_first_step_keeps_the_runs_record(tmp_path, tiny_tokenizer, monkeypatch):
+    engine = ScriptedEngine(tiny_tokenizer, ["Dragon"])
+    cfg = small_config(tmp_path, total_steps=3, save_steps=0)
+    StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine, callbacks=[StopAt(1)]).train()
+    out = tmp_path / "run"
+    first = json.loads((out / "summary.json").read_text())
+    assert first["segments"] == [{"resumed_from": None, "steps": 1, "wall_seconds": first["wall_seconds"],
+                                  "interrupted": True}]
+    assert first["last_metrics"]["step"] == 1
+
+    stopped = StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine)
+
+    def interrupt(step):
+        raise KeyboardInterrupt  # stopped while its first step ran (a session's end)
+
+    monkeypatch.setattr(stopped, "train_step", interrupt)
+    assert stopped.train().interrupted
+    second = json.loads((out / "summary.json").read_text())
+    assert second["resumed_from"] == str(out / "checkpoint-1") and second["steps"] == 1
+    assert second["last_metrics"] == first["last_metrics"]  # not blanked by a segment that trained nothing
+    assert [s["resumed_from"] for s in second["segments"]] == [None, str(out / "checkpoint-1")]
+
+    StarPOTrainer(cfg, build_tiny_model(tiny_tokenizer), tiny_tokenizer, engine=engine).train()
+    third = json.loads((out / "summary.json").read_text())
+    assert [s["steps"] for s in third["segments"]] == [1, 1, 3] and third["last_metrics"]["step"] == 3
+    assert third["total_wall_seconds"] == pytest.approx(sum(s["wall_seconds"] for s in third["segments"]), abs=0.03)
+
+
 def test_resume_from_periodic_checkpoint_restores_optimizer_state(tmp_path, tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, ["Phoenix"])
     cfg = small_config(tmp_path, "starpo-s-grpo", total_steps=1, save_steps=1)
