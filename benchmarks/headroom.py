@@ -43,6 +43,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,37 +110,47 @@ def random_success(P: np.ndarray, goal: np.ndarray, start: np.ndarray, moves: in
     return (dist * goal).sum(axis=1)
 
 
-def best_open_loop(P: np.ndarray, goal: np.ndarray, start: np.ndarray, moves: int, progress: bool = False
-                   ) -> tuple[list[int], float]:
-    """The sequence of ``moves`` moves with the highest mean success over the states, by exhaustive search.
+def exhaustive_best_sequence(start: Any, play: Callable[[Any, int], Any], last_scores: Callable[[Any], np.ndarray],
+                             moves: int, progress: bool = False) -> tuple[list[int], float]:
+    """The sequence of ``moves`` moves (actions ``0..3``) with the highest mean success over the states, by
+    exhaustive search over all ``4 ** moves``.
 
-    The ``4 ** moves`` sequences are enumerated as a prefix (``moves - BLOCK_DEPTH`` moves, one at a time) and a block
-    below it expanded breadth-first, every state at once: ``dist[n, m, s]`` for the block's ``m`` partial sequences;
-    the last move is scored without expanding (success = ``dist @ (P[:, a] @ goal)``)."""
-    n_states = P.shape[0]
-    # After the last move a: the goal mass, i.e. a vector per state and move.
-    last = np.einsum("nsat,nt->nas", P, goal)  # [n, a, s]
-    moves_ab = P.transpose(0, 2, 1, 3)  # [n, a, s, s']
+    ``start``: every state's start, ``[n, 1, ...]`` (one partial sequence); ``play(states, a)``: the states after move
+    ``a``, same shape; ``last_scores(states)``: ``[m, 4]``, the mean success over the states of each of the ``m``
+    partial sequences followed by each last move. The sequences are enumerated as a prefix (``moves - 1 -
+    BLOCK_DEPTH`` moves, one at a time) and a block below it expanded breadth-first along axis 1 (the new move the
+    slowest index), the last move scored without expanding."""
     prefix_len = max(0, moves - 1 - BLOCK_DEPTH)
     block = moves - 1 - prefix_len
     best_score, best_seq = -1.0, []
     prefixes = list(itertools.product(range(4), repeat=prefix_len))
     for prefix in tqdm(prefixes, desc="open-loop sequences", unit="block", disable=not progress, file=sys.stderr):
-        dist = start[:, None, :]  # [n, 1, s]
+        states = start
         for a in prefix:
-            dist = dist @ moves_ab[:, a]
-        for _ in range(block):  # [n, m, s] -> [n, 4m, s], the new move as the slowest index of m
-            dist = np.concatenate([dist @ moves_ab[:, a] for a in range(4)], axis=1)
-        scores = np.einsum("nms,nas->ma", dist, last) / n_states  # [m, a]: mean success of prefix + m + a
+            states = play(states, a)
+        for _ in range(block):
+            states = np.concatenate([play(states, a) for a in range(4)], axis=1)
+        scores = last_scores(states)
         m, a = np.unravel_index(int(np.argmax(scores)), scores.shape)
         if scores[m, a] > best_score:
             best_score = float(scores[m, a])
             inner = []
-            for _ in range(block):  # decode m: the first move of the block is its least significant base-4 digit
-                inner.append(m % 4)
+            for _ in range(block):  # decode m: the block's first move is its least significant base-4 digit
+                inner.append(int(m % 4))
                 m //= 4
             best_seq = [*prefix, *inner, int(a)]
     return [int(x) for x in best_seq], best_score
+
+
+def best_open_loop(P: np.ndarray, goal: np.ndarray, start: np.ndarray, moves: int, progress: bool = False
+                   ) -> tuple[list[int], float]:
+    """FrozenLake's best sequence for all states (:func:`exhaustive_best_sequence` over the belief ``dist[n, m, s]``;
+    after the last move ``a`` the success is ``dist @ (P[:, a] @ goal)``)."""
+    last = np.einsum("nsat,nt->nas", P, goal)  # [n, a, s]: the goal's mass after each last move
+    moves_ab = P.transpose(0, 2, 1, 3)  # [n, a, s, s']
+    return exhaustive_best_sequence(
+        start[:, None, :], lambda dist, a: dist @ moves_ab[:, a],
+        lambda dist: np.einsum("nms,nas->ma", dist, last) / P.shape[0], moves, progress)
 
 
 def protocol_oracle(P: np.ndarray, goal: np.ndarray, start: np.ndarray, turns: int, per_turn: int, moves: int
@@ -249,29 +260,12 @@ def sokoban_random_success(T: np.ndarray, win: np.ndarray, moves: int) -> np.nda
 
 def sokoban_best_open_loop(T: np.ndarray, win: np.ndarray, moves: int, progress: bool = False
                            ) -> tuple[list[int], float]:
-    """:func:`best_open_loop` for Sokoban's tables: the sequence of ``moves`` moves solving the most levels."""
-    n_levels = T.shape[0]
-    rows = np.arange(n_levels)[:, None]
-    prefix_len = max(0, moves - 1 - BLOCK_DEPTH)
-    block = moves - 1 - prefix_len
-    best_score, best_seq = -1.0, []
-    prefixes = list(itertools.product(range(4), repeat=prefix_len))
-    for prefix in tqdm(prefixes, desc="open-loop sequences", unit="block", disable=not progress, file=sys.stderr):
-        position = np.zeros((n_levels, 1), dtype=np.int64)
-        for a in prefix:
-            position = T[rows, position, a]
-        for _ in range(block):  # [n, m] -> [n, 4m], the new move as the slowest index of m
-            position = np.concatenate([T[rows, position, a] for a in range(4)], axis=1)
-        scores = np.stack([win[rows, T[rows, position, a]].mean(axis=0) for a in range(4)], axis=1)  # [m, a]
-        m, a = np.unravel_index(int(np.argmax(scores)), scores.shape)
-        if scores[m, a] > best_score:
-            best_score = float(scores[m, a])
-            inner = []
-            for _ in range(block):
-                inner.append(m % 4)
-                m //= 4
-            best_seq = [*prefix, *inner, int(a)]
-    return [int(x) for x in best_seq], best_score
+    """Sokoban's best sequence for all levels (:func:`exhaustive_best_sequence` over the positions ``[n, m]``)."""
+    rows = np.arange(T.shape[0])[:, None]
+    return exhaustive_best_sequence(
+        np.zeros((T.shape[0], 1), dtype=np.int64), lambda position, a: T[rows, position, a],
+        lambda position: np.stack([win[rows, T[rows, position, a]].mean(axis=0) for a in range(4)], axis=1),
+        moves, progress)
 
 
 def sokoban_solvable(T: np.ndarray, win: np.ndarray, moves: int) -> np.ndarray:
