@@ -298,7 +298,9 @@ def headroom(env_id: str, states: int, moves: int, turns: int, per_turn: int, en
         rows.append({"policy": policy, "reads_board": reads_board, "success": mean,
                      "validation_range": binomial_range(mean, states), **extra})
 
-    family = type(gym.make(env_id, **env_kwargs).unwrapped)
+    probe = gym.make(env_id, **env_kwargs)
+    family = type(probe.unwrapped)
+    probe.close()
     if issubclass(family, SokobanEnv):
         T, win = sokoban_tables(env_id, states, env_kwargs, moves)
         names = SOKOBAN_ACTIONS
