@@ -11,7 +11,10 @@ subprocess (``OMP_NUM_THREADS=1`` each, ``--jobs`` at once):
   (``grpo``: no critic, no filter, KL loss 0.001), at 5e-5. At 4 x 8 rollouts and PPO mini-batches of 32 every run
   makes exactly one update per step (StarPO-S keeps 8 trajectories, the others 32), so the learning rate and the
   update count are the same across the three: only the method differs (the Echo Trap contrast, one cause at a time);
-* ``algo-1e-5``, ``keep-1e-5``: the same at 1e-5 (trained only when named with ``--only``).
+* ``algo-1e-5``, ``keep-1e-5``: the same at 1e-5 (trained only when named with ``--only``);
+* ``dtype``: the learning rate that learns (StarPO-S at 5e-6, ``lr``'s last runs) with ``--dtype bfloat16`` (autocast
+  of the rollout, scoring and update passes; float32 master weights): whether the faster numerics change what is
+  learnt (trained only when named with ``--only``; its float32 side is ``lr``'s ``starpo-s-lr5e-06``).
 
 Runs that share a configuration train once (StarPO-S at 5e-5, keep 0.25 is in all three). A run whose ``summary.json``
 says it finished is read back, not trained again; an interrupted one resumes from its checkpoint (the trainer's own
@@ -54,19 +57,21 @@ VAL_EVERY = 5
 VAL_GROUPS = 64
 SEEDS = (0, 1, 2)
 
-#: A run's configuration: (preset, actor_lr, keep ratio). ``None`` keeps the preset's own keep ratio.
-Setting = tuple[str, float, float | None]
+#: A run's configuration: (preset, actor_lr, keep ratio, compute dtype). ``None`` keeps the preset's own keep ratio.
+Setting = tuple[str, float, float | None, str]
+FP32, BF16 = "float32", "bfloat16"
 
 #: The experiments: name -> the settings it compares (one thing varied at a time).
 EXPERIMENTS: dict[str, list[Setting]] = {
-    "lr": [("starpo-s", lr, None) for lr in (5e-5, 2e-5, 1e-5, 5e-6)],
-    "algo": [(p, 5e-5, None) for p in ("ppo", "starpo-s", "grpo")],
-    "keep": [("starpo-s", 5e-5, k) for k in (0.5, 0.25)],
+    "lr": [("starpo-s", lr, None, FP32) for lr in (5e-5, 2e-5, 1e-5, 5e-6)],
+    "algo": [(p, 5e-5, None, FP32) for p in ("ppo", "starpo-s", "grpo")],
+    "keep": [("starpo-s", 5e-5, k, FP32) for k in (0.5, 0.25)],
     # keep 1.0 at 5e-5 (not run yet on this machine, time; `ppo` differs from it only by clip 0.2 and KL 0.001)
-    "keep-1.0": [("starpo-s", 5e-5, 1.0)],
+    "keep-1.0": [("starpo-s", 5e-5, 1.0, FP32)],
     # the same comparisons at the learning rate that learns: not run yet on this machine (time), `--only` them
-    "algo-1e-5": [(p, 1e-5, None) for p in ("ppo", "starpo-s", "grpo")],
-    "keep-1e-5": [("starpo-s", 1e-5, k) for k in (1.0, 0.5, 0.25)],
+    "algo-1e-5": [(p, 1e-5, None, FP32) for p in ("ppo", "starpo-s", "grpo")],
+    "keep-1e-5": [("starpo-s", 1e-5, k, FP32) for k in (1.0, 0.5, 0.25)],
+    "dtype": [("starpo-s", 5e-6, None, BF16)],
 }
 #: The experiments ``run`` trains when none is named.
 DEFAULT_EXPERIMENTS = ("lr", "algo", "keep")
@@ -78,11 +83,13 @@ class Run:
     lr: float
     keep: float | None
     seed: int
+    dtype: str = FP32
 
     @property
     def label(self) -> str:
         keep = "" if self.keep is None or (self.preset == "starpo-s" and self.keep == 0.25) else f"-keep{self.keep:g}"
-        return f"{self.preset}-lr{self.lr:g}{keep}"
+        dtype = "" if self.dtype == FP32 else "-bf16"
+        return f"{self.preset}-lr{self.lr:g}{keep}{dtype}"
 
     def folder(self, root: Path) -> Path:
         return root / self.label / f"seed{self.seed}"
@@ -94,7 +101,8 @@ class Run:
                "--report_to", "[console, jsonl]", "--output_dir", str(self.folder(root))]
         if self.keep is not None:
             cmd += ["--filter_ratio", f"{self.keep:g}"]
-        return cmd
+        # float32 is named, not left to `auto`: a float32 run stays float32 on a GPU that would pick bfloat16
+        return cmd + ["--dtype", self.dtype]
 
 
 def plan(only: list[str] | None, seeds: list[int]) -> list[Run]:
@@ -104,8 +112,8 @@ def plan(only: list[str] | None, seeds: list[int]) -> list[Run]:
         if name not in (only or DEFAULT_EXPERIMENTS):
             continue
         for seed in seeds:
-            for preset, lr, keep in settings:
-                run = Run(preset, lr, None if (preset == "starpo-s" and keep == 0.25) else keep, seed)
+            for preset, lr, keep, dtype in settings:
+                run = Run(preset, lr, None if (preset == "starpo-s" and keep == 0.25) else keep, seed, dtype)
                 if run not in runs:
                     runs.append(run)
     return runs
@@ -189,6 +197,17 @@ def earlier_summaries(out_json: Path) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["label"], r["seed"]): r for r in runs or [] if isinstance(r, dict) and "label" in r and "seed" in r}
 
 
+def reported_runs(planned: list[Run], root: Path, out_json: Path) -> list[Run]:
+    """The runs a report lists: those ``planned`` (trained by this call, finished or not), every run of any experiment
+    that has finished under ``root``, and every run the report in ``out_json`` already lists, in experiment order. A
+    report for one experiment (``--only dtype``) so keeps every other experiment's rows."""
+    earlier = earlier_summaries(out_json)
+    seeds = sorted({r.seed for r in planned} | {seed for _, seed in earlier})
+    keep = set(planned)
+    return [r for r in plan(list(EXPERIMENTS), seeds)
+            if r in keep or (r.label, r.seed) in earlier or finished(r.folder(root))]
+
+
 def report(runs: list[Run], root: Path, out_md: Path, out_json: Path, console: Console) -> None:
     """Every finished run's row, and each configuration over its seeds. A run whose folder is not under ``root`` but
     which ``out_json`` already lists (trained on another machine, or its folder deleted) keeps its summary from there,
@@ -245,12 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         for run in runs:
             console.print(f"{run.label} seed {run.seed}: {' '.join(run.command(root))}", soft_wrap=True, markup=False)
         return 0
-    if args.action == "run":
-        failed = run_jobs(jobs_of(runs, root), args.jobs, console)
-        report(runs, root, Path(args.md), Path(args.json), console)
-        return 1 if failed else 0
-    report(runs, root, Path(args.md), Path(args.json), console)
-    return 0
+    failed = run_jobs(jobs_of(runs, root), args.jobs, console) if args.action == "run" else 0
+    report(reported_runs(runs, root, Path(args.json)), root, Path(args.md), Path(args.json), console)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

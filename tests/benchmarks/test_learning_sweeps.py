@@ -25,7 +25,19 @@ def test_the_sweep_varies_one_thing_at_a_time_and_trains_each_configuration_once
     assert command[:4] == ["ragen-trainer", "train", "--config", "ppo"] and "--filter_ratio" not in command
     main_job = {"--max_new_tokens": "8", "--env_groups": "4", "--group_size": "8"}
     assert {flag: command[command.index(flag) + 1] for flag in main_job} == main_job
-    assert sweep_bandit.plan(["keep-1.0"], [0])[0].command(Path("r"))[-2:] == ["--filter_ratio", "1"]
+    keep1 = sweep_bandit.plan(["keep-1.0"], [0])[0].command(Path("r"))
+    assert keep1[keep1.index("--filter_ratio") + 1] == "1" and keep1[-2:] == ["--dtype", "float32"]
+
+
+def test_the_dtype_experiment_differs_from_the_learning_rate_that_learns_by_its_dtype_alone():
+    (bf16,) = sweep_bandit.plan(["dtype"], [0])
+    (fp32,) = [r for r in sweep_bandit.plan(["lr"], [0]) if r.lr == 5e-6]
+    assert (bf16.label, fp32.label) == ("starpo-s-lr5e-06-bf16", "starpo-s-lr5e-06")
+    assert bf16.folder(Path("r")) != fp32.folder(Path("r"))
+    a, b = bf16.command(Path("r")), fp32.command(Path("r"))
+    differ = [(x, y) for x, y in zip(a, b) if x != y]
+    assert len(a) == len(b) and differ == [("r/starpo-s-lr5e-06-bf16/seed0", "r/starpo-s-lr5e-06/seed0"),
+                                           ("bfloat16", "float32")]
 
 
 def _fake_run(folder: Path, seed: int, val_end: float, steps: int = sweep_bandit.STEPS) -> None:
@@ -68,6 +80,24 @@ def test_a_sweep_report_keeps_the_runs_it_listed_whose_folders_are_gone(tmp_path
     sweep_bandit.report(runs, tmp_path / "elsewhere", md, js, quiet)
     data = json.loads(js.read_text())
     assert data["runs"][0]["val_end"] == 1.0 and runs[0].label + "/seed0" not in data["carried"]
+
+
+def test_a_report_for_one_experiment_keeps_every_other_experiments_rows(tmp_path):
+    """``run --only dtype`` / ``report --only dtype`` rewrite the whole table: the rows of ``lr`` (folders here) and of
+    ``algo`` (listed by the earlier report only) stay, in experiment order, with the new experiment's rows after them."""
+    root, md, js = tmp_path / "runs", tmp_path / "bandit.md", tmp_path / "bandit.json"
+    for run in sweep_bandit.plan(["algo"], [0]):
+        _fake_run(run.folder(tmp_path / "gone"), run.seed, 0.0)
+    sweep_bandit.main(["report", "--only", "algo", "--seeds", "0", "--out", str(tmp_path / "gone"),
+                       "--md", str(md), "--json", str(js)])
+    for run in sweep_bandit.plan(["lr", "dtype"], [0]):
+        _fake_run(run.folder(root), run.seed, 0.9)
+    sweep_bandit.main(["report", "--only", "dtype", "--seeds", "0", "--out", str(root), "--md", str(md),
+                       "--json", str(js)])
+    labels = [r["label"] for r in json.loads(js.read_text())["runs"]]
+    assert labels == ["starpo-s-lr5e-05", "starpo-s-lr2e-05", "starpo-s-lr1e-05", "starpo-s-lr5e-06", "ppo-lr5e-05",
+                      "grpo-lr5e-05", "starpo-s-lr5e-06-bf16"]
+    assert "| starpo-s-lr5e-06-bf16 | 1 | 0.03 | 0.90 ± 0.00 |" in md.read_text()
 
 
 def _job(tmp_path: Path, name: str, code: str) -> Job:
