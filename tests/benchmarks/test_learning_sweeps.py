@@ -314,6 +314,22 @@ def test_perceive_state_keep1_trains_from_the_perceive_state_warm_up_without_the
         learn_multiturn.jobs(tmp_path, ["sokoban"], [0], "perceive-state-keep1")
 
 
+def test_still_ice_is_the_base_run_on_frozenlake_without_slipping_from_the_base_warm_up(tmp_path):
+    """The diagnostic differs from ``base`` by the env's ``is_slippery: false`` alone (training and validation, which
+    use the run's env arguments), trains from the very same warm-up, and is FrozenLake's only."""
+    base = learn_multiturn.jobs(tmp_path, ["frozenlake"], [2])[0]
+    job = learn_multiturn.jobs(tmp_path, ["frozenlake"], [2], "still-ice")[0]
+    assert job.commands[0] == base.commands[0] and len(job.commands) == len(base.commands) == 2
+    train, base_train = job.commands[1], base.commands[1]
+    out, kwargs = train.index("--output_dir") + 1, train.index("--env_kwargs")
+    assert train[out] == str(tmp_path / "frozenlake-still-ice" / "seed2")
+    assert train[kwargs + 1] == "{is_slippery: false}" and "--env_kwargs" not in base_train
+    rest = [a for i, a in enumerate(train) if i not in (out, kwargs, kwargs + 1)]
+    assert rest == [a for i, a in enumerate(base_train) if i != base_train.index("--output_dir") + 1]
+    with pytest.raises(ValueError, match="FrozenLake only"):
+        learn_multiturn.jobs(tmp_path, ["sokoban"], [2], "still-ice")
+
+
 def test_a_resumed_runs_minutes_say_they_time_its_last_segment_only(tmp_path):
     folder = tmp_path / "frozenlake-perceive-state" / "seed0"
     folder.mkdir(parents=True)
