@@ -93,6 +93,7 @@ ALGORITHMS: dict[str, tuple[str, dict[str, Any]]] = {
 ENVS = {"bandit": "ragen/Bandit-v0", "frozenlake": "ragen/FrozenLake-v0"}
 WORKLOADS = [f"{env}-{algo}" for env in ENVS for algo in ALGORITHMS]
 SIDES = ("ragen", "trl")
+SIDE_NAMES = {"ragen": "ragen-trainer", "trl": "TRL GRPOTrainer"}
 
 
 @dataclass(frozen=True)
@@ -444,9 +445,9 @@ def _run_worker(side: str, work: Workload, settings: Settings) -> dict[str, Any]
 
 # ---------------------------------------------------------------------------------------------------------- the run
 def run_benchmark(works: list[Workload], settings: Settings, repeats: int = 1,
-                  dtypes: list[str] | None = None) -> dict[str, Any]:
-    """Both sides of every workload in every compute dtype (``dtypes``, default ``[settings.dtype]``), ``repeats``
-    times (alternating the order), each (dtype, side)'s fastest run kept. Returns ``{"rows": [...], "matmul_peak":
+                  dtypes: list[str] | None = None, sides: tuple[str, ...] = SIDES) -> dict[str, Any]:
+    """Both sides (or ``sides``) of every workload in every compute dtype (``dtypes``, default
+    ``[settings.dtype]``), ``repeats`` times (alternating the order), each (dtype, side)'s fastest run kept. Returns ``{"rows": [...], "matmul_peak":
     {dtype: {"start", "end"}}, "settings": ..., "versions": ...}``."""
     import torch
     from flops import matmul_peak
@@ -456,7 +457,7 @@ def run_benchmark(works: list[Workload], settings: Settings, repeats: int = 1,
     peaks = {d: {"start": matmul_peak(dtype=getattr(torch, d))} for d in dtypes}
     _log(", ".join(f"{d} matmul peak {p['start']:.0f} GFLOP/s" for d, p in peaks.items())
          + f" on {settings.threads} threads; load average {os.getloadavg()[0]:.2f}")  # fmt: skip
-    order = [(dtype, side) for dtype in dtypes for side in SIDES]
+    order = [(dtype, side) for dtype in dtypes for side in sides]
     rows: list[dict[str, Any]] = []
     for work in works:
         best: dict[tuple[str, str], dict[str, Any]] = {}
@@ -602,6 +603,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", nargs="+", choices=("float32", "bfloat16"), default=["float32"],
                    help="compute dtype(s) of both sides' update and scoring: float32, or bfloat16 autocast over the "
                         "float32 weights; two run each workload in both, side by side (default float32)")  # fmt: skip
+    p.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
+                   help="the trainers timed (default both; 'ragen' alone to compare compute dtypes on one machine "
+                        "without TRL's slower steps)")
     p.add_argument("--json", default="", help="also write the results to this JSON file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker-result", default=None, help=argparse.SUPPRESS)
@@ -640,9 +644,9 @@ def main(argv: list[str] | None = None) -> int:
                         learning_rate=args.lr, gradient_checkpointing=args.gradient_checkpointing,
                         threads=args.threads, dtype=args.dtype[0])  # fmt: skip
     started = time.perf_counter()
-    result = run_benchmark(works, settings, args.repeats, dtypes=args.dtype)
+    result = run_benchmark(works, settings, args.repeats, dtypes=args.dtype, sides=tuple(dict.fromkeys(args.sides)))
     peak = result["matmul_peak"]
-    print(f"\n== One training step, ragen-trainer vs TRL GRPOTrainer, same work ({settings.model}, float32 weights, "
+    print(f"\n== One training step, {' vs '.join(SIDE_NAMES[s] for s in dict.fromkeys(args.sides))}, same work ({settings.model}, float32 weights, "
           f"{' and '.join(args.dtype)} compute, {settings.threads} threads; mean of {settings.steps} timed step(s) "
           f"after {settings.warmup} warm-up; {'fastest of ' + str(args.repeats) + ' runs' if args.repeats > 1 else 'one run'} "
           f"per side; activation checkpointing {'on' if settings.gradient_checkpointing else 'off'})")  # fmt: skip

@@ -187,14 +187,26 @@ class UpdateFlops:
             handle.remove()
 
 
-def matmul_peak(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+def matmul_peak(n: int = 2048, repeats: int = 5, dtype: torch.dtype = torch.float32,
+                max_product_s: float = 0.2) -> float:
     """The machine's matmul rate in ``dtype`` in GFLOP/s on the current torch threads: the fastest of ``repeats``
-    ``n x n`` products after one warm-up (``2 n^3`` FLOPs each). bfloat16 runs on other units than float32 where
-    the CPU has them (AVX-512 BF16, AMX), so each compute dtype has its own peak."""
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
-    out = torch.empty(n, n, dtype=dtype)
-    torch.mm(a, b, out=out)
+    square products after one warm-up (``2 n^3`` FLOPs each). bfloat16 runs on other units than float32 where
+    the CPU has them (AVX-512 BF16, AMX), so each compute dtype has its own peak. The size doubles from 256 up to
+    ``n`` while one product takes under ``max_product_s``: where the CPU emulates a dtype (bfloat16 without AVX-512
+    BF16 runs at about 1 GFLOP/s on one AVX2 core, 30x below float32) the peak is read off a smaller product in
+    seconds instead of a 2048-square one in minutes."""
+    torch.mm(torch.randn(64, 64, dtype=dtype), torch.randn(64, 64, dtype=dtype))  # the library's first-call set-up
+    size = min(256, n)
+    while True:
+        a = torch.randn(size, size, dtype=dtype)
+        b = torch.randn(size, size, dtype=dtype)
+        out = torch.empty(size, size, dtype=dtype)
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)  # also the warm-up
+        if size >= n or time.perf_counter() - t0 >= max_product_s:
+            break
+        size = min(2 * size, n)
+    n = size
     best = float("inf")
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -16,6 +16,11 @@ Two settings say what is stored and what is computed (:class:`~ragen_trainer.con
 
 Checkpoints hold the master weights, so a resumed run continues from exactly what was trained. The frozen reference
 model (KL) is never updated, so it is kept in the compute dtype.
+
+bfloat16 is faster than float32 on a CPU only where the CPU multiplies bfloat16 itself (AVX-512 BF16, AMX, Arm's BF16
+extension); elsewhere torch converts to float32, multiplies and rounds back, and autocast makes a step slower (an
+update 6x slower on an AVX2-only AMD EPYC: docs/performance.md). :func:`emulated_bf16_advice` says so when a run asks
+for it there.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -77,4 +83,37 @@ class Precision:
             yield
 
 
-__all__ = ["DTYPES", "Precision", "compute_dtype"]
+#: CPU feature flags (``/proc/cpuinfo``) of bfloat16 products in hardware: x86's AVX-512 BF16 and AMX, Arm's BF16.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
+
+
+def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> frozenset[str] | None:
+    """The CPU's feature flags: the first ``flags`` (x86) or ``Features`` (Arm) line of ``cpuinfo``; ``None`` where
+    the file cannot be read (not Linux), so that callers say nothing rather than guess."""
+    try:
+        lines = Path(cpuinfo).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return None
+
+
+def emulated_bf16_advice(compute: torch.dtype, device: torch.device | str,
+                         flags: frozenset[str] | None = None) -> str | None:
+    """The warning for bfloat16 compute on a CPU without bfloat16 instructions (``flags``: :func:`cpu_flags` when not
+    given), else ``None`` (float32 compute, a GPU, a CPU that has them, or flags that cannot be read)."""
+    if compute != torch.bfloat16 or torch.device(device).type != "cpu":
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if flags is None or any(flag in flags for flag in NATIVE_BF16_FLAGS):
+        return None
+    return ("dtype='bfloat16' on a CPU without bfloat16 instructions (none of "
+            f"{', '.join(NATIVE_BF16_FLAGS)} in /proc/cpuinfo): torch emulates its products in float32, so autocast "
+            "makes the training and scoring passes slower, not faster (an update about 6x slower on an AVX2-only "
+            "CPU, docs/performance.md); dtype='float32' (or 'auto') is faster here")
+
+
+__all__ = ["DTYPES", "NATIVE_BF16_FLAGS", "Precision", "compute_dtype", "cpu_flags", "emulated_bf16_advice"]

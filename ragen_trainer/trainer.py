@@ -112,7 +112,7 @@ from ragen_trainer.models import base_model_name, enable_activation_checkpointin
 from ragen_trainer.monitor import EchoTrapMonitor, MetricsLogger, rollout_metrics, truncate_metrics
 from ragen_trainer.optimizer import GroupClippedAdamW
 from ragen_trainer.packing import PackedBatch, pack, use_packed_attention
-from ragen_trainer.precision import Precision
+from ragen_trainer.precision import Precision, emulated_bf16_advice
 from ragen_trainer.rollout import collect_rollouts
 from ragen_trainer.selfplay import OpponentPool, selfplay_metrics
 from ragen_trainer.trajectory import RolloutBatch, Trajectory
@@ -231,6 +231,9 @@ class StarPOTrainer:
 
         self.accelerator = accelerator or make_accelerator(cfg)
         self.precision = Precision.from_config(cfg, self.accelerator.device)
+        advice = emulated_bf16_advice(self.precision.compute, self.accelerator.device)
+        if advice:
+            logger.warning(advice)
         self.deepspeed = is_deepspeed(self.accelerator)
 
         # The reference policy is copied before a critic is attached (the copy must not carry one).

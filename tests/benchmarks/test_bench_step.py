@@ -73,6 +73,24 @@ def test_tables_compare_the_trainers_per_dtype_and_the_dtypes_per_trainer():
     assert "bandit-grpo trl: bfloat16 / float32 step time 0.80, fwd+bwd 0.67" in text
 
 
+def test_sides_ragen_times_ragen_alone_in_every_dtype(monkeypatch, capsys):
+    """``--sides ragen`` (a dtype comparison on one machine without TRL's slower steps): every dtype's ragen row, no
+    TRL process started, and the dtype ratio printed."""
+    started = []
+
+    def fake_worker(side, work, settings):
+        started.append((side, settings.dtype))
+        return {**_row(side, settings.dtype, 10.0 if settings.dtype == "float32" else 60.0, 5.0), "generated_tokens": 1}
+
+    monkeypatch.setattr(bench_step, "_run_worker", fake_worker)
+    bench_step.main(["--workloads", "bandit-grpo", "--dtype", "float32", "bfloat16", "--sides", "ragen", "--threads",
+                     "1", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert started == [("ragen", "float32"), ("ragen", "bfloat16")]
+    assert "One training step, ragen-trainer, same work" in out
+    assert "bandit-grpo ragen: bfloat16 / float32 step time 6.00" in out and "TRL step time" not in out
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_one_starpo_s_step_on_each_side(tiny_model_dir, dtype):
     work = bench_step.Workload("bandit-starpo-s", "ragen/Bandit-v0", "starpo-s", groups=4, group_size=2,

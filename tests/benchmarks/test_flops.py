@@ -176,3 +176,21 @@ def test_trl_fused_head_scores_every_position_on_cpu(tokenizer):
 def test_matmul_peak_is_a_rate():
     assert matmul_peak(n=128, repeats=2) > 0
     assert matmul_peak(n=128, repeats=2, dtype=torch.bfloat16) > 0
+
+
+def test_matmul_peak_stops_growing_its_product_once_one_product_is_slow(monkeypatch):
+    """A dtype the CPU emulates (bfloat16 on AVX2: ~1 GFLOP/s) must not time 2048-square products for minutes: with a
+    zero time limit the first size (256) is the one measured, however large ``n`` is."""
+    calls = []
+    real_mm = torch.mm
+
+    def counting_mm(a, b, **kwargs):
+        calls.append(a.shape[0])
+        return real_mm(a, b, **kwargs)
+
+    monkeypatch.setattr(torch, "mm", counting_mm)
+    assert matmul_peak(n=1 << 16, repeats=2, max_product_s=0.0) > 0
+    assert set(calls) == {64, 256} and len(calls) == 4  # set-up, the first product, then two timed ones
+    calls.clear()
+    matmul_peak(n=512, repeats=1)  # fast: grows to n (256 -> 512 on any CPU this suite runs on)
+    assert max(calls) == 512

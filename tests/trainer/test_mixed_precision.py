@@ -1,8 +1,9 @@
 """Mixed precision as the reference trains: float32 master weights and AdamW state, bfloat16 compute.
 
 At the paper's actor learning rate (1e-6) an AdamW step is far below the spacing of bfloat16 numbers, so weights
-stored in bfloat16 barely move; float32 master weights with bfloat16 autocast move every dense weight. This CPU has
-AVX-512 BF16, so the bfloat16 numerics are real here (elsewhere torch emulates them: slower, same results).
+stored in bfloat16 barely move; float32 master weights with bfloat16 autocast move every dense weight. On a CPU with
+AVX-512 BF16 the bfloat16 products run in hardware; elsewhere torch emulates them (slower, the same rounding), so these
+tests hold on either, and the trainer warns where bfloat16 is emulated.
 
 Tolerance (measured on the tiny model below, one step of four updates at lr 1e-4): the weight update of the bfloat16
 compute run differs from the float32 run's by about 3 % of its norm; the tests allow 10 %.
@@ -24,6 +25,7 @@ from safetensors import safe_open
 from ragen_trainer import cli
 from ragen_trainer.config import load_config
 from ragen_trainer.distributed import make_accelerator
+from ragen_trainer.precision import cpu_flags, emulated_bf16_advice
 from ragen_trainer.trainer import StarPOTrainer
 from tests.trainer.conftest import ScriptedEngine, build_tiny_model
 
@@ -140,3 +142,42 @@ def test_an_earlier_bf16_accelerator_in_the_process_is_refused_not_inherited():
             make_accelerator(cfg)
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+_X86 = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma\nbugs\t\t: sysret_ss_attrs\n"
+_ARM = "processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\nCPU implementer\t: 0x41\n"
+
+
+def test_cpu_flags_reads_the_first_flags_line_of_x86_and_arm_and_nothing_elsewhere(tmp_path):
+    (tmp_path / "x86").write_text(_X86 + "processor\t: 1\nflags\t\t: other\n")
+    (tmp_path / "arm").write_text(_ARM)
+    (tmp_path / "none").write_text("processor\t: 0\n")
+    assert cpu_flags(tmp_path / "x86") == {"fpu", "sse2", "avx", "avx2", "fma"}
+    assert "bf16" in cpu_flags(tmp_path / "arm")
+    assert cpu_flags(tmp_path / "none") is None and cpu_flags(tmp_path / "missing") is None
+
+
+def test_bf16_compute_on_a_cpu_without_bf16_instructions_is_warned_about_and_nothing_else_is():
+    avx2 = frozenset({"avx", "avx2", "fma"})
+    advice = emulated_bf16_advice(torch.bfloat16, "cpu", avx2)
+    assert advice is not None and "emulates" in advice and "dtype='float32'" in advice
+    for flag in ("avx512_bf16", "amx_bf16", "bf16"):  # x86 AVX-512 BF16, AMX, Arm BF16: bfloat16 in hardware
+        assert emulated_bf16_advice(torch.bfloat16, "cpu", avx2 | {flag}) is None
+    assert emulated_bf16_advice(torch.float32, "cpu", avx2) is None
+    assert emulated_bf16_advice(torch.bfloat16, "cuda", avx2) is None
+    assert emulated_bf16_advice(torch.bfloat16, torch.device("cpu"), frozenset()) is not None
+
+
+def test_the_trainer_warns_once_when_its_bf16_compute_would_be_emulated(tmp_path, tiny_tokenizer, monkeypatch, caplog):
+    monkeypatch.setattr("ragen_trainer.precision.cpu_flags", lambda: frozenset({"avx2"}))
+    cfg = load_config("starpo-s").replace(env_id="ragen/Bandit-v0", env_groups=2, group_size=4, report_to=["jsonl"],
+                                          output_dir=str(tmp_path / "run"), dtype="bfloat16")
+    engine = ScriptedEngine(tiny_tokenizer, lambda p, c, r: _REPLIES[r % 4])
+    with caplog.at_level("WARNING", logger="ragen_trainer.trainer"):
+        StarPOTrainer(cfg.validate(), build_tiny_model(tiny_tokenizer, hidden_size=64), tiny_tokenizer, engine=engine)
+    assert [r.message for r in caplog.records].count(emulated_bf16_advice(torch.bfloat16, "cpu", frozenset())) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ragen_trainer.trainer"):
+        StarPOTrainer(cfg.replace(dtype="float32", output_dir=str(tmp_path / "fp32")).validate(),
+                      build_tiny_model(tiny_tokenizer, hidden_size=64), tiny_tokenizer, engine=engine)
+    assert not any("emulates" in r.getMessage() for r in caplog.records)
