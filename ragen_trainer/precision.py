@@ -18,9 +18,8 @@ Checkpoints hold the master weights, so a resumed run continues from exactly wha
 model (KL) is never updated, so it is kept in the compute dtype.
 
 bfloat16 is faster than float32 on a CPU only where the CPU multiplies bfloat16 itself (AVX-512 BF16, AMX, Arm's BF16
-extension); elsewhere torch converts to float32, multiplies and rounds back, and autocast makes a step slower (an
-update 6x slower on an AVX2-only AMD EPYC: docs/performance.md). :func:`emulated_bf16_advice` says so when a run asks
-for it there.
+extension); elsewhere torch emulates them in software, and autocast makes a step slower (a Bandit step 7x slower on
+an AVX2-only AMD EPYC: docs/performance.md). :func:`emulated_bf16_advice` says so when a run asks for it there.
 """
 
 from __future__ import annotations
@@ -111,9 +110,9 @@ def emulated_bf16_advice(compute: torch.dtype, device: torch.device | str,
     if flags is None or any(flag in flags for flag in NATIVE_BF16_FLAGS):
         return None
     return ("dtype='bfloat16' on a CPU without bfloat16 instructions (none of "
-            f"{', '.join(NATIVE_BF16_FLAGS)} in /proc/cpuinfo): torch emulates its products in float32, so autocast "
-            "makes the training and scoring passes slower, not faster (an update about 6x slower on an AVX2-only "
-            "CPU, docs/performance.md); dtype='float32' (or 'auto') is faster here")
+            f"{', '.join(NATIVE_BF16_FLAGS)} in /proc/cpuinfo): torch emulates its products in software, so autocast "
+            "makes the training and scoring passes slower, not faster (a Bandit step 7x slower on an AVX2-only "
+            "AMD EPYC, docs/performance.md); dtype='float32' (or 'auto') is faster here")
 
 
 __all__ = ["DTYPES", "NATIVE_BF16_FLAGS", "Precision", "compute_dtype", "cpu_flags", "emulated_bf16_advice"]
