@@ -447,8 +447,8 @@ def _run_worker(side: str, work: Workload, settings: Settings) -> dict[str, Any]
 def run_benchmark(works: list[Workload], settings: Settings, repeats: int = 1,
                   dtypes: list[str] | None = None, sides: tuple[str, ...] = SIDES) -> dict[str, Any]:
     """Both sides (or ``sides``) of every workload in every compute dtype (``dtypes``, default
-    ``[settings.dtype]``), ``repeats`` times (alternating the order), each (dtype, side)'s fastest run kept. Returns ``{"rows": [...], "matmul_peak":
-    {dtype: {"start", "end"}}, "settings": ..., "versions": ...}``."""
+    ``[settings.dtype]``), ``repeats`` times (alternating the order), each (dtype, side)'s fastest run kept. Returns
+    ``{"rows": [...], "matmul_peak": {dtype: {"start", "end"}}, "settings": ..., "versions": ...}``."""
     import torch
     from flops import matmul_peak
 
@@ -643,10 +643,11 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(model=args.model, steps=args.steps, warmup=args.warmup, seed=args.seed,
                         learning_rate=args.lr, gradient_checkpointing=args.gradient_checkpointing,
                         threads=args.threads, dtype=args.dtype[0])  # fmt: skip
+    sides = tuple(dict.fromkeys(args.sides))  # each once, in the order given
     started = time.perf_counter()
-    result = run_benchmark(works, settings, args.repeats, dtypes=args.dtype, sides=tuple(dict.fromkeys(args.sides)))
+    result = run_benchmark(works, settings, args.repeats, dtypes=args.dtype, sides=sides)
     peak = result["matmul_peak"]
-    print(f"\n== One training step, {' vs '.join(SIDE_NAMES[s] for s in dict.fromkeys(args.sides))}, same work ({settings.model}, float32 weights, "
+    print(f"\n== One training step, {' vs '.join(SIDE_NAMES[s] for s in sides)}, same work ({settings.model}, float32 weights, "
           f"{' and '.join(args.dtype)} compute, {settings.threads} threads; mean of {settings.steps} timed step(s) "
           f"after {settings.warmup} warm-up; {'fastest of ' + str(args.repeats) + ' runs' if args.repeats > 1 else 'one run'} "
           f"per side; activation checkpointing {'on' if settings.gradient_checkpointing else 'off'})")  # fmt: skip
